@@ -1,0 +1,8 @@
+module github.com/hangar-dev/hangar/session-svc
+
+go 1.26.8
+
+replace (
+	github.com/hangar-dev/hangar/api => ../api
+	github.com/hangar-dev/hangar/platform => ../platform
+)
