@@ -1,0 +1,23 @@
+// Command hangar is the hangar CLI: `hangar up` runs everything in one
+// process; the other commands talk to a running hangar.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/hangar-dev/hangar/cli/command"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := command.Execute(ctx, command.Streams{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}, os.Args[1:], os.LookupEnv)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hangar:", err)
+		os.Exit(1)
+	}
+}

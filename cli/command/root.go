@@ -1,0 +1,39 @@
+// Package command is the `hangar` command line.
+package command
+
+import (
+	"context"
+	"io"
+
+	"github.com/spf13/cobra"
+)
+
+// Streams are where a command reads and writes.
+type Streams struct {
+	In  io.Reader
+	Out io.Writer
+	Err io.Writer
+}
+
+// Root builds the `hangar` command tree. lookupEnv reads the environment
+// (os.LookupEnv outside tests).
+func Root(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "hangar",
+		Short:         "Run coding agents in sandboxes, as sessions you can come back to",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetIn(streams.In)
+	root.SetOut(streams.Out)
+	root.SetErr(streams.Err)
+	root.AddCommand(upCommand(streams, lookupEnv), statusCommand(streams, lookupEnv))
+	return root
+}
+
+// Execute runs the command line; the error is what to print.
+func Execute(ctx context.Context, streams Streams, args []string, lookupEnv func(string) (string, bool)) error {
+	root := Root(streams, lookupEnv)
+	root.SetArgs(args)
+	return root.ExecuteContext(ctx)
+}

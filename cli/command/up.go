@@ -1,0 +1,73 @@
+package command
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/hangar-dev/hangar/cli/up"
+	"github.com/hangar-dev/hangar/platform/config"
+	"github.com/hangar-dev/hangar/platform/logging"
+)
+
+func upCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
+	return &cobra.Command{
+		Use:   "up [flags]",
+		Short: "Run all of hangar in this process, on loopback, with embedded defaults",
+		Long: `Run all five hangar services in this process on loopback: data under
+HANGAR_HOME (~/.hangar), an embedded Redis unless HANGAR_REDIS_URL is set,
+SQLite unless HANGAR_DATABASE_URL is set. Prints the URL and token clients use;
+Ctrl-C stops it. Every flag has a HANGAR_* variable (see -h).`,
+		// The flags are the typed config's own (std flag, with HANGAR_* names).
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var cfg up.Config
+			fs := flag.NewFlagSet("hangar up", flag.ContinueOnError)
+			// Errors are one line; -h prints the flags and their variables.
+			fs.SetOutput(io.Discard)
+			if err := config.Load(&cfg, fs, args, lookupEnv); err != nil {
+				if errors.Is(err, flag.ErrHelp) {
+					fmt.Fprintf(streams.Out, "Usage: hangar up [flags]\n\n")
+					fs.SetOutput(streams.Out)
+					fs.PrintDefaults()
+					return nil
+				}
+				return err
+			}
+			if fs.NArg() > 0 {
+				return fmt.Errorf("hangar up takes no arguments, got %q", strings.Join(fs.Args(), " "))
+			}
+			logger := logging.New(streams.Err, cfg.LogLevel, cfg.LogFormat)
+			stack, err := up.Start(cmd.Context(), cfg, lookupEnv, logger)
+			if err != nil {
+				return err
+			}
+			printStack(streams, stack)
+			return stack.Wait()
+		},
+	}
+}
+
+func printStack(streams Streams, s *up.Stack) {
+	w := streams.Out
+	fmt.Fprintf(w, "hangar is up\n\n")
+	fmt.Fprintf(w, "  url     %s\n", s.URL)
+	if s.TokenGenerated {
+		fmt.Fprintf(w, "  token   %s   (new; saved in %s/token)\n", s.Token, s.Home)
+	} else {
+		fmt.Fprintf(w, "  token   %s\n", s.Token)
+	}
+	fmt.Fprintf(w, "  data    %s\n\n", s.Home)
+	for _, e := range s.Services {
+		fmt.Fprintf(w, "  %-15s %s\n", e.Name, e.Addr)
+	}
+	fmt.Fprintf(w, "\nThe hangar CLI finds it through %s; elsewhere set HANGAR_URL=%s and HANGAR_TOKEN.\nCtrl-C stops it.\n", s.Home, s.URL)
+	if f, ok := w.(*os.File); ok {
+		_ = f.Sync()
+	}
+}

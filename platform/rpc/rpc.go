@@ -1,0 +1,233 @@
+// Package rpc builds the gRPC servers and clients every hangar service uses,
+// so that all of them trace, recover, log, authenticate, bound and map errors
+// the same way.
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/hangar-dev/hangar/platform/auth"
+	"github.com/hangar-dev/hangar/platform/fault"
+)
+
+// DefaultTimeout is the deadline given to unary calls that arrive or leave
+// without one, when the options do not say otherwise.
+const DefaultTimeout = 30 * time.Second
+
+// ServerOptions configures NewServer.
+type ServerOptions struct {
+	// Logger receives one "rpc finished" record per call, panics and
+	// internal errors. Nil discards.
+	Logger *slog.Logger
+	// Token is the bearer token every call must carry (see package auth).
+	Token string
+	// AuthExempt reports methods (full names, "/pkg.Service/Method") that
+	// need no token. Nil exempts nothing.
+	AuthExempt func(fullMethod string) bool
+	// DefaultTimeout is the deadline added to unary calls that have none.
+	// Zero means 30s; negative adds none.
+	DefaultTimeout time.Duration
+	// TracerProvider and MeterProvider used by otelgrpc; nil means the
+	// OpenTelemetry globals. Set them when several services share a process
+	// (see telemetry.Setup).
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+}
+
+// NewServer returns a gRPC server whose calls go, in order, through: the
+// otelgrpc stats handler, panic recovery (a panic becomes codes.Internal
+// "internal error" and is logged with its stack), logging ("rpc finished"
+// with method, code and duration), bearer-token auth, a default deadline
+// (unary only) and fault mapping (fault.Status). extra options are appended.
+func NewServer(opts ServerOptions, extra ...grpc.ServerOption) *grpc.Server {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	timeout := opts.DefaultTimeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	var otelOpts []otelgrpc.Option
+	if opts.TracerProvider != nil {
+		otelOpts = append(otelOpts, otelgrpc.WithTracerProvider(opts.TracerProvider))
+	}
+	if opts.MeterProvider != nil {
+		otelOpts = append(otelOpts, otelgrpc.WithMeterProvider(opts.MeterProvider))
+	}
+	serverOpts := []grpc.ServerOption{
+		grpc.StatsHandler(otelgrpc.NewServerHandler(otelOpts...)),
+		grpc.ChainUnaryInterceptor(
+			recoverUnary(logger),
+			logUnary(logger),
+			auth.UnaryServerInterceptor(opts.Token, opts.AuthExempt),
+			deadlineUnary(timeout),
+			fault.UnaryServerInterceptor(logger),
+		),
+		grpc.ChainStreamInterceptor(
+			recoverStream(logger),
+			logStream(logger),
+			auth.StreamServerInterceptor(opts.Token, opts.AuthExempt),
+			fault.StreamServerInterceptor(logger),
+		),
+	}
+	return grpc.NewServer(append(serverOpts, extra...)...)
+}
+
+func errPanic() error { return status.Error(codes.Internal, fault.InternalMessage) }
+
+func logPanic(ctx context.Context, logger *slog.Logger, method string, p any) {
+	logger.LogAttrs(ctx, slog.LevelError, "rpc panicked",
+		slog.String("method", method),
+		slog.Any("panic", p),
+		slog.String("stack", string(debug.Stack())))
+}
+
+func recoverUnary(logger *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				logPanic(ctx, logger, info.FullMethod, p)
+				resp, err = nil, errPanic()
+			}
+		}()
+		return handler(ctx, req)
+	}
+}
+
+func recoverStream(logger *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				logPanic(ss.Context(), logger, info.FullMethod, p)
+				err = errPanic()
+			}
+		}()
+		return handler(srv, ss)
+	}
+}
+
+func logFinished(ctx context.Context, logger *slog.Logger, method string, start time.Time, err error) {
+	code := status.Code(err)
+	level := slog.LevelInfo
+	switch code {
+	case codes.Internal, codes.Unknown, codes.DataLoss:
+		level = slog.LevelError
+	}
+	logger.LogAttrs(ctx, level, "rpc finished",
+		slog.String("method", method),
+		slog.String("code", code.String()),
+		slog.Duration("duration", time.Since(start)))
+}
+
+func logUnary(logger *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		finished := false
+		defer func() {
+			if !finished { // panicking: recovery, further out, will log it
+				logFinished(ctx, logger, info.FullMethod, start, errPanic())
+			}
+		}()
+		resp, err := handler(ctx, req)
+		finished = true
+		logFinished(ctx, logger, info.FullMethod, start, err)
+		return resp, err
+	}
+}
+
+func logStream(logger *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		start := time.Now()
+		finished := false
+		defer func() {
+			if !finished { // panicking: recovery, further out, will log it
+				logFinished(ss.Context(), logger, info.FullMethod, start, errPanic())
+			}
+		}()
+		err := handler(srv, ss)
+		finished = true
+		logFinished(ss.Context(), logger, info.FullMethod, start, err)
+		return err
+	}
+}
+
+func deadlineUnary(timeout time.Duration) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if _, ok := ctx.Deadline(); !ok && timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
+		return handler(ctx, req)
+	}
+}
+
+// ClientOptions configures Dial.
+type ClientOptions struct {
+	// Token, when set, is sent as "authorization: Bearer <Token>" on every
+	// call (see auth.TokenCredentials; it is sent over plaintext).
+	Token string
+	// DefaultTimeout is the deadline added to unary calls made without one.
+	// Zero means 30s; negative adds none.
+	DefaultTimeout time.Duration
+	// TracerProvider and MeterProvider used by otelgrpc; nil means the
+	// OpenTelemetry globals.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+}
+
+// Dial returns a client connection to target (any grpc.NewClient target,
+// e.g. "127.0.0.1:7001", "dns:///sandbox-svc:7001", "unix:///run/x.sock")
+// over plaintext, with the otelgrpc stats handler, the token and a default
+// deadline. It does not connect: the first call does. extra options are
+// appended.
+func Dial(target string, opts ClientOptions, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	timeout := opts.DefaultTimeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	var otelOpts []otelgrpc.Option
+	if opts.TracerProvider != nil {
+		otelOpts = append(otelOpts, otelgrpc.WithTracerProvider(opts.TracerProvider))
+	}
+	if opts.MeterProvider != nil {
+		otelOpts = append(otelOpts, otelgrpc.WithMeterProvider(opts.MeterProvider))
+	}
+	dialOpts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelOpts...)),
+		grpc.WithChainUnaryInterceptor(deadlineClient(timeout)),
+	}
+	if opts.Token != "" {
+		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(auth.TokenCredentials{Token: opts.Token}))
+	}
+	conn, err := grpc.NewClient(target, append(dialOpts, extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("rpc: dial %s: %w", target, err)
+	}
+	return conn, nil
+}
+
+func deadlineClient(timeout time.Duration) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if _, ok := ctx.Deadline(); !ok && timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+}

@@ -1,0 +1,40 @@
+package app
+
+import (
+	"flag"
+	"fmt"
+
+	"github.com/hangar-dev/hangar/platform/config"
+)
+
+// Config is sandbox-svc's configuration: flags and HANGAR_* variables,
+// validated at start.
+type Config struct {
+	config.Common
+
+	// Addr is where the service listens for gRPC and REST.
+	Addr string `env:"HANGAR_SANDBOX_ADDR" flag:"addr" default:"127.0.0.1:7402" help:"host:port for gRPC and REST"`
+	// Driver runs sandboxes: local (directories and processes). The
+	// kubernetes driver comes with its own issue.
+	Driver string `env:"HANGAR_SANDBOX_DRIVER" flag:"driver" default:"local" oneof:"local" help:"sandbox driver"`
+	// GatewayAddr is the model gateway's address, the one path out of a
+	// sandbox with egress none.
+	GatewayAddr string `env:"HANGAR_GATEWAY_ADDR" flag:"gateway-addr" default:"127.0.0.1:7404" help:"gateway-svc address reachable from sandboxes"`
+}
+
+// LoadConfig reads the configuration from args and the environment.
+func LoadConfig(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, bool)) (Config, error) {
+	var cfg Config
+	if err := config.Load(&cfg, fs, args, lookupEnv); err != nil {
+		return Config{}, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// Validate checks what the tags cannot.
+func (c Config) Validate() error {
+	if c.Token == "" {
+		return fmt.Errorf("HANGAR_TOKEN is required: set it to the API bearer token")
+	}
+	return nil
+}

@@ -1,0 +1,49 @@
+package app
+
+import (
+	"flag"
+	"fmt"
+
+	"github.com/hangar-dev/hangar/platform/config"
+)
+
+// Config is session-svc's configuration: flags and HANGAR_* variables,
+// validated at start. The settings table of spec/sessions.md lives here.
+type Config struct {
+	config.Common
+
+	// Addr is where the service listens for gRPC and REST.
+	Addr string `env:"HANGAR_SESSION_ADDR" flag:"addr" default:"127.0.0.1:7401" help:"host:port for gRPC and REST"`
+	// DatabaseURL selects PostgreSQL; empty means SQLite under HANGAR_HOME.
+	DatabaseURL string `env:"HANGAR_DATABASE_URL" flag:"database-url" help:"postgres:// URL; empty uses SQLite in the data directory"`
+
+	SandboxAddr    string `env:"HANGAR_SANDBOX_ADDR" flag:"sandbox-addr" default:"127.0.0.1:7402" help:"sandbox-svc gRPC address"`
+	CheckpointAddr string `env:"HANGAR_CHECKPOINT_ADDR" flag:"checkpoint-addr" default:"127.0.0.1:7403" help:"checkpoint-svc gRPC address"`
+	GatewayAddr    string `env:"HANGAR_GATEWAY_ADDR" flag:"gateway-addr" default:"127.0.0.1:7404" help:"gateway-svc gRPC address"`
+
+	ForkMax             int    `env:"HANGAR_FORK_MAX" flag:"fork-max" default:"8" min:"1" max:"64" unit:"forks" help:"most forks per fork_session call"`
+	Cache               string `env:"HANGAR_CACHE" flag:"cache" default:"auto" oneof:"auto|5m|1h|off" help:"prompt-cache TTL when neither the session nor its environment sets one"`
+	CacheStaggerSeconds int    `env:"HANGAR_CACHE_STAGGER_SECONDS" flag:"cache-stagger-seconds" default:"15" min:"0" unit:"seconds" help:"how long forks hold back for the first sibling to answer (0 = no wait)"`
+	IdleMinutes         int    `env:"HANGAR_SESSION_IDLE_MINUTES" flag:"session-idle-minutes" default:"30" min:"0" unit:"minutes" help:"suspend after this long idle (0 = never)"`
+	CheckpointMinutes   int    `env:"HANGAR_SESSION_CHECKPOINT_MINUTES" flag:"session-checkpoint-minutes" default:"10" min:"1" unit:"minutes" help:"periodic checkpoint while changed"`
+	TurnTimeoutMinutes  int    `env:"HANGAR_SESSION_TURN_TIMEOUT_MINUTES" flag:"session-turn-timeout-minutes" default:"120" min:"1" unit:"minutes" help:"longest a turn may run"`
+	HarnessRepo         string `env:"HANGAR_HARNESS_REPO" flag:"harness-repo" help:"repository of harness locks (harnesses.lock.yaml)"`
+	HarnessDrift        string `env:"HANGAR_HARNESS_DRIFT" flag:"harness-drift" default:"warn" oneof:"warn|fail" help:"what a thawed session's turn 1 does on drift"`
+}
+
+// LoadConfig reads the configuration from args and the environment.
+func LoadConfig(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, bool)) (Config, error) {
+	var cfg Config
+	if err := config.Load(&cfg, fs, args, lookupEnv); err != nil {
+		return Config{}, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// Validate checks what the tags cannot.
+func (c Config) Validate() error {
+	if c.Token == "" {
+		return fmt.Errorf("HANGAR_TOKEN is required: set it to the API bearer token")
+	}
+	return nil
+}
