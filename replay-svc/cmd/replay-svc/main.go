@@ -5,8 +5,8 @@ import (
 	"context"
 	"flag"
 
-	"github.com/hangar-dev/hangar/replay-svc/app"
 	"github.com/hangar-dev/hangar/platform/service"
+	"github.com/hangar-dev/hangar/replay-svc/app"
 )
 
 func main() {
