@@ -1,18 +1,26 @@
-// Package app wires gateway-svc: its configuration, its gRPC service and its REST
-// routes. cmd/gateway-svc runs it alone; `hangar up` runs it in one process with
-// the other services.
+// Package app wires gateway-svc: its configuration, the control API (gRPC and
+// REST) and the model data plane on the same port. cmd/gateway-svc runs it
+// alone; `hangar up` runs it in one process with the other services.
 package app
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"time"
 
 	"google.golang.org/grpc"
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	"github.com/hangar-dev/hangar/api/openapi"
+	"github.com/hangar-dev/hangar/gateway-svc/internal/server"
+	"github.com/hangar-dev/hangar/platform/blob"
+	"github.com/hangar-dev/hangar/platform/logging"
+	"github.com/hangar-dev/hangar/platform/redisconn"
 	"github.com/hangar-dev/hangar/platform/service"
 )
 
@@ -21,29 +29,85 @@ const Name = "gateway-svc"
 
 // App is a configured gateway-svc, ready to serve.
 type App struct {
-	svc *service.Service
+	svc     *service.Service
+	gateway *server.Server
+	redis   *redisconn.Conn
 }
 
 // New builds the service from cfg. logger may be nil.
 func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
+	if logger == nil {
+		logger = logging.New(os.Stderr, cfg.LogLevel, cfg.LogFormat)
+	}
+	redis, err := redisconn.Open(ctx, cfg.RedisURL, logger)
+	if err != nil {
+		return nil, err
+	}
+	tapes, err := blob.NewDir(filepath.Join(cfg.Home, "tapes"))
+	if err != nil {
+		_ = redis.Close()
+		return nil, fmt.Errorf("HANGAR_HOME=%s: cannot use the tape directory: %w", cfg.Home, err)
+	}
+	publicURL := cfg.PublicURL
+	if publicURL == "" {
+		publicURL = "http://" + cfg.Addr
+	}
+	gw, err := server.New(ctx, server.Deps{
+		Redis:     redis.Client,
+		Tapes:     tapes,
+		Logger:    logger.With("service", Name),
+		Now:       time.Now,
+		KeyPrefix: "hangar:gateway:",
+		Upstreams: server.Upstreams{
+			AnthropicURL: cfg.AnthropicURL,
+			AnthropicKey: cfg.AnthropicAPIKey,
+			OpenAIURL:    cfg.OpenAIURL,
+			OpenAIKey:    cfg.OpenAIAPIKey,
+		},
+		PublicURL:      publicURL,
+		TapeDays:       cfg.TapeDays,
+		CacheTTL:       cfg.Cache,
+		StaggerSeconds: cfg.CacheStaggerSeconds,
+	})
+	if err != nil {
+		_ = redis.Close()
+		return nil, fmt.Errorf("starting the gateway: %w", err)
+	}
+	dataPlane := gw.DataPlane()
 	svc, err := service.New(ctx, service.Options{
 		Name:   Name,
 		Common: cfg.Common,
 		Logger: logger,
 		Register: func(s *grpc.Server) {
-			gatewayv1.RegisterGatewayServiceServer(s, gatewayv1.UnimplementedGatewayServiceServer{})
+			gatewayv1.RegisterGatewayServiceServer(s, gw)
 		},
 		Gateways: []service.Gateway{gatewayv1.RegisterGatewayServiceHandler},
 		OpenAPI:  openapi.Document,
+		// The data plane authenticates run tokens itself: harnesses never
+		// hold the API token.
+		Routes: map[string]http.Handler{"/v1/": dataPlane, "/runs/": dataPlane},
 	})
 	if err != nil {
+		_ = gw.Close(ctx)
+		_ = redis.Close()
 		return nil, err
 	}
-	return &App{svc: svc}, nil
+	return &App{svc: svc, gateway: gw, redis: redis}, nil
 }
 
-// Handler serves gRPC and REST in-process (for a front door).
+// Handler serves gRPC, REST and the data plane in-process (for a front door).
 func (a *App) Handler() http.Handler { return a.svc.Handler() }
 
-// Run serves on lis until ctx ends.
-func (a *App) Run(ctx context.Context, lis net.Listener) error { return a.svc.Serve(ctx, lis) }
+// Run serves on lis until ctx ends, then releases the gateway's resources.
+func (a *App) Run(ctx context.Context, lis net.Listener) error {
+	err := a.svc.Serve(ctx, lis)
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if cerr := a.gateway.Close(closeCtx); cerr != nil {
+		a.svc.Logger().WarnContext(ctx, "gateway close failed", "error", cerr)
+	}
+	if cerr := a.redis.Close(); cerr != nil {
+		a.svc.Logger().WarnContext(ctx, "redis close failed", "error", cerr)
+	}
+	return err
+}

@@ -1,0 +1,165 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	"github.com/hangar-dev/hangar/gateway-svc/internal/replay"
+	"github.com/hangar-dev/hangar/gateway-svc/internal/tape"
+	"google.golang.org/protobuf/proto"
+)
+
+// replayStep answers a call of a replaying run from the tape when its step
+// is in the replayed prefix. It reports whether it answered (or refused);
+// false means: go live.
+func (h *Handler) replayStep(w http.ResponseWriter, r *http.Request, c *call, rp *gatewayv1.Replay) bool {
+	ctx := r.Context()
+	seq := c.step.Seq
+	if seq > rp.GetAtSeq() {
+		if rp.GetAfterPrefix() == gatewayv1.AfterPrefix_AFTER_PREFIX_STOP {
+			reason := fmt.Sprintf("replay of %s ended after step %d", rp.GetTapeRun(), rp.GetAtSeq())
+			h.stop(ctx, c, reason)
+			writeError(w, c.p, http.StatusForbidden, errPermission, "hangar gateway: "+reason)
+			return true
+		}
+		return false
+	}
+	if prior, _, err := h.o.Runs.Divergence(ctx, c.run.GetId()); err == nil && prior != nil {
+		// Diverged earlier and still running: the run went live.
+		return false
+	}
+	var d *gatewayv1.Divergence
+	taped, err := h.o.Tapes.Step(ctx, rp.GetTapeRun(), seq)
+	switch {
+	case errors.Is(err, tape.ErrNotFound):
+		d = &gatewayv1.Divergence{Kind: gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL,
+			Detail: fmt.Sprintf("the tape of %s has no step %d", rp.GetTapeRun(), seq)}
+	case err != nil:
+		h.o.Logger.LogAttrs(ctx, slog.LevelError, "tape read failed", slog.String("tape", rp.GetTapeRun()), slog.Any("error", err))
+		c.failure = "tape unreadable"
+		writeError(w, c.p, http.StatusServiceUnavailable, errAPI, "hangar gateway: the replayed tape is unreadable")
+		return true
+	case taped.GetRequest().GetPath() != c.path:
+		d = &gatewayv1.Divergence{Kind: gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL, Detail: "request endpoint differs",
+			Expected: taped.GetRequest().GetPath(), Actual: c.path}
+	default:
+		d = replay.Compare(c.p, taped.GetRequest().GetBody(), c.step.Request.Body)
+	}
+	if d != nil {
+		d.Seq = seq
+		c.step.Divergence = d
+		if _, err := h.o.Runs.SetDivergence(ctx, c.run.GetId(), d); err != nil {
+			h.o.Logger.LogAttrs(ctx, slog.LevelError, "divergence not recorded", slog.Any("error", err))
+		}
+		kind := strings.ToLower(strings.TrimPrefix(d.GetKind().String(), "DIVERGENCE_KIND_"))
+		if rp.GetOnDivergence() == gatewayv1.OnDivergence_ON_DIVERGENCE_LIVE {
+			return false
+		}
+		reason := fmt.Sprintf("replay diverged at step %d (%s): %s", seq, kind, d.GetDetail())
+		h.stop(ctx, c, reason)
+		writeError(w, c.p, http.StatusForbidden, errPermission, "hangar gateway: "+reason)
+		return true
+	}
+
+	// Answer from the tape.
+	resp := proto.Clone(taped.GetResponse()).(*gatewayv1.StepResponse)
+	c.step.Replayed = true
+	c.step.Response = resp
+	c.step.Usage = taped.GetUsage()
+	// Record before answering: once the client has the answer, the progress
+	// and the tape are current.
+	if err := h.o.Runs.ReplayProgress(ctx, c.run.GetId()); err != nil {
+		h.o.Logger.LogAttrs(ctx, slog.LevelError, "replay progress not recorded", slog.Any("error", err))
+	}
+	h.finish(c)
+	for k, v := range resp.GetHeaders() {
+		if k == "content-type" {
+			w.Header().Set("Content-Type", v)
+		}
+	}
+	w.Header().Set("x-hangar-replayed", "true")
+	status := int(resp.GetStatus())
+	if status == 0 {
+		status = http.StatusOK
+	}
+	w.WriteHeader(status)
+	rc := http.NewResponseController(w)
+	if len(resp.GetEvents()) == 0 {
+		_, _ = w.Write(resp.GetBody())
+	}
+	for _, ev := range resp.GetEvents() {
+		var sb strings.Builder
+		if ev.GetEvent() != "" {
+			sb.WriteString("event: " + ev.GetEvent() + "\n")
+		}
+		for _, line := range strings.Split(ev.GetData(), "\n") {
+			sb.WriteString("data: " + line + "\n")
+		}
+		sb.WriteString("\n")
+		if _, err := w.Write([]byte(sb.String())); err != nil {
+			break
+		}
+		_ = rc.Flush()
+	}
+	return true
+}
+
+func (h *Handler) stop(ctx context.Context, c *call, reason string) {
+	c.failure = reason
+	if _, err := h.o.Runs.SetState(context.WithoutCancel(ctx), c.run.GetId(), gatewayv1.RunState_RUN_STATE_STOPPED, reason); err != nil {
+		h.o.Logger.LogAttrs(ctx, slog.LevelError, "run not stopped", slog.Any("error", err))
+	}
+}
+
+// stagger holds the first call of a run in a sibling group until the
+// group's first sibling got its first answer, or the stagger ends, so the
+// siblings read the prompt cache the first one wrote. It returns, for the
+// group's first sibling, the function to call when its first answer arrives.
+func (h *Handler) stagger(ctx context.Context, c *call) func() {
+	group := c.run.GetSiblingGroup()
+	secs := int(c.run.GetStaggerSeconds())
+	if secs == 0 {
+		secs = h.o.StaggerSeconds
+	}
+	if group == "" || secs <= 0 || c.step.Seq != 1 {
+		return nil
+	}
+	first, err := h.o.Runs.GroupClaimFirst(ctx, group, c.run.GetId())
+	if err != nil {
+		h.o.Logger.LogAttrs(ctx, slog.LevelWarn, "stagger skipped", slog.Any("error", err))
+		return nil
+	}
+	if first {
+		var once sync.Once
+		return func() {
+			once.Do(func() {
+				if err := h.o.Runs.GroupAnswered(context.WithoutCancel(ctx), group); err != nil {
+					h.o.Logger.LogAttrs(ctx, slog.LevelWarn, "stagger release failed", slog.Any("error", err))
+				}
+			})
+		}
+	}
+	deadline := time.NewTimer(time.Duration(secs) * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(h.o.StaggerPoll)
+	defer tick.Stop()
+	for {
+		if ok, err := h.o.Runs.IsGroupAnswered(ctx, group); err != nil || ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-deadline.C:
+			return nil
+		case <-tick.C:
+		}
+	}
+}

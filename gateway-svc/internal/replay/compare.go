@@ -1,0 +1,301 @@
+// Package replay compares a replayed run's model request with the taped one
+// and classifies the first difference: model (outside tool outputs), tool (a
+// tool output differs) or network (a differing tool output shows a network
+// error).
+package replay
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+)
+
+// volatileKeys are top-level request fields that differ between two runs of
+// the same conversation without meaning anything: session-scoped ids and
+// client metadata.
+var volatileKeys = map[string]bool{
+	"metadata":          true, // Anthropic: user_id carries the CLI's session id
+	"prompt_cache_key":  true, // Responses: the conversation id
+	"client_metadata":   true,
+	"safety_identifier": true,
+	"user":              true,
+}
+
+// volatileOutput matches the parts of tool outputs that change on every
+// execution of the same command (Codex's exec_command wall time and chunk id).
+var volatileOutput = regexp.MustCompile(`(?m)(Wall time: [0-9.]+ seconds|Chunk ID: [0-9a-zA-Z]+|took [0-9.]+m?s)`)
+
+// networkError matches tool output that shows a failed network access.
+var networkError = regexp.MustCompile(`(?i)(could not resolve host|connection refused|network is unreachable|name or service not known|temporary failure in name resolution|no route to host|connection timed out|failed to connect to|getaddrinfo|ENOTFOUND|ECONNREFUSED|ENETUNREACH|EAI_AGAIN|ETIMEDOUT)`)
+
+// IsNetworkError reports whether a tool output shows a network error.
+func IsNetworkError(s string) bool { return networkError.MatchString(s) }
+
+const maxShown = 2000
+
+// Compare returns nil when the incoming request matches the taped one, or
+// the first divergence (Seq unset).
+func Compare(provider gatewayv1.Provider, taped, incoming []byte) *gatewayv1.Divergence {
+	if bytes.Equal(taped, incoming) {
+		return nil
+	}
+	var a, b any
+	errA := decode(taped, &a)
+	errB := decode(incoming, &b)
+	if errA != nil || errB != nil {
+		return &gatewayv1.Divergence{Kind: gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL, Detail: "request body is not the taped one",
+			Expected: clip(string(taped)), Actual: clip(string(incoming))}
+	}
+	if ma, ok := a.(map[string]any); ok {
+		for k := range volatileKeys {
+			delete(ma, k)
+		}
+	}
+	if mb, ok := b.(map[string]any); ok {
+		for k := range volatileKeys {
+			delete(mb, k)
+		}
+	}
+	dropItemIDs(a)
+	dropItemIDs(b)
+	var diffs []difference
+	walk(nil, a, b, &diffs)
+	if len(diffs) == 0 {
+		return nil
+	}
+	// The first difference outside tool outputs makes it a model divergence;
+	// otherwise it is a tool (or network) divergence.
+	var toolDiff *difference
+	for i := range diffs {
+		d := &diffs[i]
+		if !inToolOutput(provider, a, b, d.path) {
+			return d.divergence(gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL, "request differs at "+d.where())
+		}
+		if toolDiff == nil {
+			toolDiff = d
+		}
+	}
+	if IsNetworkError(toolDiff.actual) {
+		return toolDiff.divergence(gatewayv1.DivergenceKind_DIVERGENCE_KIND_NETWORK, "tool output differs with a network error at "+toolDiff.where())
+	}
+	return toolDiff.divergence(gatewayv1.DivergenceKind_DIVERGENCE_KIND_TOOL, "tool output differs at "+toolDiff.where())
+}
+
+// dropItemIDs removes the ids a Responses client gives its own input items
+// (Codex: "msg_<uuid>" per session); the items' content is compared.
+func dropItemIDs(v any) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return
+	}
+	items, ok := m["input"].([]any)
+	if !ok {
+		return
+	}
+	for _, it := range items {
+		if im, ok := it.(map[string]any); ok {
+			role, _ := im["role"].(string)
+			typ, _ := im["type"].(string)
+			if role != "" && role != "assistant" || strings.HasSuffix(typ, "_output") {
+				delete(im, "id")
+			}
+		}
+	}
+}
+
+func decode(b []byte, v *any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	return dec.Decode(v)
+}
+
+func clip(s string) string {
+	if len(s) > maxShown {
+		return s[:maxShown] + "…"
+	}
+	return s
+}
+
+type difference struct {
+	path             []any // string keys and int indexes
+	expected, actual string
+}
+
+func (d *difference) where() string {
+	var sb strings.Builder
+	for _, p := range d.path {
+		switch v := p.(type) {
+		case string:
+			sb.WriteString("." + v)
+		case int:
+			sb.WriteString("[" + strconv.Itoa(v) + "]")
+		}
+	}
+	return strings.TrimPrefix(sb.String(), ".")
+}
+
+func (d *difference) divergence(kind gatewayv1.DivergenceKind, detail string) *gatewayv1.Divergence {
+	exp, act := window(d.expected, d.actual)
+	return &gatewayv1.Divergence{Kind: kind, Detail: detail, Expected: exp, Actual: act}
+}
+
+// window cuts two long strings to the part around their first difference.
+func window(a, b string) (string, string) {
+	if len(a) <= maxShown && len(b) <= maxShown {
+		return a, b
+	}
+	i := 0
+	for i < len(a) && i < len(b) && a[i] == b[i] {
+		i++
+	}
+	from := max(0, i-200)
+	cut := func(s string) string {
+		if from >= len(s) {
+			return ""
+		}
+		end := min(len(s), from+maxShown)
+		out := s[from:end]
+		if from > 0 {
+			out = "…" + out
+		}
+		if end < len(s) {
+			out += "…"
+		}
+		return out
+	}
+	return cut(a), cut(b)
+}
+
+func show(v any) string {
+	if v == nil {
+		return "<absent>"
+	}
+	if s, ok := v.(string); ok {
+		return s
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func walk(path []any, a, b any, out *[]difference) {
+	if len(*out) > 64 {
+		return
+	}
+	switch av := a.(type) {
+	case map[string]any:
+		bv, ok := b.(map[string]any)
+		if !ok {
+			break
+		}
+		keys := map[string]bool{}
+		for k := range av {
+			keys[k] = true
+		}
+		for k := range bv {
+			keys[k] = true
+		}
+		sorted := make([]string, 0, len(keys))
+		for k := range keys {
+			sorted = append(sorted, k)
+		}
+		sort.Strings(sorted)
+		for _, k := range sorted {
+			walk(append(path[:len(path):len(path)], k), av[k], bv[k], out)
+		}
+		return
+	case []any:
+		bv, ok := b.([]any)
+		if !ok {
+			break
+		}
+		for i := 0; i < max(len(av), len(bv)); i++ {
+			var x, y any
+			if i < len(av) {
+				x = av[i]
+			}
+			if i < len(bv) {
+				y = bv[i]
+			}
+			walk(append(path[:len(path):len(path)], i), x, y, out)
+		}
+		return
+	case string:
+		if bs, ok := b.(string); ok {
+			if av == bs || volatileOutput.ReplaceAllString(av, "") == volatileOutput.ReplaceAllString(bs, "") && len(path) > 2 {
+				return
+			}
+		}
+	default:
+		if fmt.Sprint(a) == fmt.Sprint(b) && sameKind(a, b) {
+			return
+		}
+	}
+	*out = append(*out, difference{path: path, expected: show(a), actual: show(b)})
+}
+
+func sameKind(a, b any) bool {
+	return fmt.Sprintf("%T", a) == fmt.Sprintf("%T", b)
+}
+
+// inToolOutput reports whether path lies inside a tool output of the
+// request in either version.
+func inToolOutput(provider gatewayv1.Provider, a, b any, path []any) bool {
+	return toolOutputPath(provider, a, path) || toolOutputPath(provider, b, path)
+}
+
+func toolOutputPath(provider gatewayv1.Provider, root any, path []any) bool {
+	get := func(n int) any {
+		cur := root
+		for _, p := range path[:n] {
+			switch k := p.(type) {
+			case string:
+				m, ok := cur.(map[string]any)
+				if !ok {
+					return nil
+				}
+				cur = m[k]
+			case int:
+				s, ok := cur.([]any)
+				if !ok || k >= len(s) {
+					return nil
+				}
+				cur = s[k]
+			}
+		}
+		return cur
+	}
+	typeOf := func(v any, field string) string {
+		m, _ := v.(map[string]any)
+		s, _ := m[field].(string)
+		return s
+	}
+	switch provider {
+	case gatewayv1.Provider_PROVIDER_ANTHROPIC_MESSAGES:
+		// messages[i].content[j] is a tool_result block: everything below.
+		if len(path) >= 4 && path[0] == "messages" && path[2] == "content" {
+			blk := get(4)
+			// The whole block but the id it answers: content, is_error.
+			return typeOf(blk, "type") == "tool_result" && (len(path) == 4 || path[4] != "tool_use_id" && path[4] != "type")
+		}
+	case gatewayv1.Provider_PROVIDER_OPENAI_RESPONSES:
+		if len(path) >= 2 && path[0] == "input" {
+			t := typeOf(get(2), "type")
+			if t == "function_call_output" || t == "custom_tool_call_output" || t == "local_shell_call_output" {
+				return len(path) == 2 || path[2] == "output"
+			}
+		}
+	case gatewayv1.Provider_PROVIDER_OPENAI_CHAT_COMPLETIONS:
+		if len(path) >= 2 && path[0] == "messages" {
+			if typeOf(get(2), "role") == "tool" {
+				return len(path) == 2 || path[2] == "content"
+			}
+		}
+	}
+	return false
+}
