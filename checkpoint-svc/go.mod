@@ -9,6 +9,7 @@ replace (
 
 require (
 	cloud.google.com/go/storage v1.70.0
+	github.com/fsouza/fake-gcs-server v1.56.1
 	github.com/googleapis/gax-go/v2 v2.27.0
 	github.com/hangar-dev/hangar/api v0.0.0-00010101000000-000000000000
 	github.com/hangar-dev/hangar/platform v0.0.0-00010101000000-000000000000
@@ -36,7 +37,6 @@ require (
 	github.com/envoyproxy/go-control-plane/envoy v1.39.1-0.20260819172001-e6e3fd93e4be // indirect
 	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
-	github.com/fsouza/fake-gcs-server v1.56.1 // indirect
 	github.com/go-jose/go-jose/v4 v4.1.4 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect

@@ -1,49 +1,141 @@
-// Package app wires checkpoint-svc: its configuration, its gRPC service and its REST
-// routes. cmd/checkpoint-svc runs it alone; `hangar up` runs it in one process with
-// the other services.
+// Package app wires checkpoint-svc: its configuration, its store, the vault
+// key, the sandbox service it reads sandboxes through, its gRPC service and
+// its REST routes. cmd/checkpoint-svc runs it alone; `hangar up` runs it in
+// one process with the other services.
 package app
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
 
+	"cloud.google.com/go/storage"
 	"google.golang.org/grpc"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/openapi"
+	"github.com/hangar-dev/hangar/checkpoint-svc/internal/gcsstore"
+	"github.com/hangar-dev/hangar/checkpoint-svc/internal/sandboxexec"
+	"github.com/hangar-dev/hangar/checkpoint-svc/internal/server"
+	"github.com/hangar-dev/hangar/platform/blob"
+	"github.com/hangar-dev/hangar/platform/logging"
+	"github.com/hangar-dev/hangar/platform/rpc"
 	"github.com/hangar-dev/hangar/platform/service"
 )
 
 // Name is the service's name in logs, traces and metrics.
 const Name = "checkpoint-svc"
 
+// longCallTimeout is the deadline for unary calls that come without one.
+const longCallTimeout = 15 * time.Minute
+
 // App is a configured checkpoint-svc, ready to serve.
 type App struct {
-	svc *service.Service
+	svc      *service.Service
+	sandbox  *grpc.ClientConn
+	closeGCS func() error
 }
 
 // New builds the service from cfg. logger may be nil.
 func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
+	if logger == nil {
+		logger = logging.New(os.Stderr, cfg.LogLevel, cfg.LogFormat)
+	}
+	keys, err := server.LoadVaultKeys(cfg.VaultKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("HANGAR_VAULT_KEY_FILE=%s: %w", cfg.VaultKeyFile, err)
+	}
+	store, closeGCS, err := openStore(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	// Checkpoint streams run as long as a capture or restore takes: no
+	// default per-call deadline on this connection.
+	sandbox, err := rpc.Dial(cfg.SandboxAddr, rpc.ClientOptions{Token: cfg.Token, DefaultTimeout: -1})
+	if err != nil {
+		_ = closeGCS()
+		return nil, fmt.Errorf("HANGAR_SANDBOX_ADDR=%s: %w", cfg.SandboxAddr, err)
+	}
+	checkpoints, err := server.New(server.Deps{
+		Store:           store,
+		Exec:            sandboxexec.New(sandboxv1.NewSandboxServiceClient(sandbox)),
+		VaultKeys:       keys,
+		Logger:          logger.With("service", Name),
+		Now:             time.Now,
+		KeepCheckpoints: cfg.KeepCheckpoints,
+		MaxUntrackedMB:  cfg.MaxUntrackedMB,
+		MaxPartMB:       cfg.MaxPartMB,
+	})
+	if err != nil {
+		_ = sandbox.Close()
+		_ = closeGCS()
+		return nil, fmt.Errorf("starting the checkpoint service: %w", err)
+	}
 	svc, err := service.New(ctx, service.Options{
 		Name:   Name,
 		Common: cfg.Common,
 		Logger: logger,
 		Register: func(s *grpc.Server) {
-			checkpointv1.RegisterCheckpointServiceServer(s, checkpointv1.UnimplementedCheckpointServiceServer{})
+			checkpointv1.RegisterCheckpointServiceServer(s, checkpoints)
 		},
 		Gateways: []service.Gateway{checkpointv1.RegisterCheckpointServiceHandler},
 		OpenAPI:  openapi.Document,
+		// Unary calls run long here: a capture or restore moves the whole work tree.
+		DefaultTimeout: longCallTimeout,
 	})
 	if err != nil {
+		_ = sandbox.Close()
+		_ = closeGCS()
 		return nil, err
 	}
-	return &App{svc: svc}, nil
+	return &App{svc: svc, sandbox: sandbox, closeGCS: closeGCS}, nil
+}
+
+// openStore opens HANGAR_SESSION_STORE: a directory (the data directory's
+// checkpoints/ when empty) or gs://bucket[/prefix].
+func openStore(ctx context.Context, cfg Config) (blob.Store, func() error, error) {
+	noop := func() error { return nil }
+	if strings.HasPrefix(cfg.Store, "gs://") {
+		client, err := storage.NewClient(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("HANGAR_SESSION_STORE=%s: cannot create a GCS client: %w", cfg.Store, err)
+		}
+		store, err := gcsstore.New(client, cfg.Store)
+		if err != nil {
+			_ = client.Close()
+			return nil, nil, fmt.Errorf("HANGAR_SESSION_STORE=%s: %w", cfg.Store, err)
+		}
+		return store, client.Close, nil
+	}
+	dir := cfg.Store
+	if dir == "" {
+		dir = filepath.Join(cfg.Home, "checkpoints")
+	}
+	store, err := blob.NewDir(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("HANGAR_SESSION_STORE=%s: cannot use the directory: %w", dir, err)
+	}
+	return store, noop, nil
 }
 
 // Handler serves gRPC and REST in-process (for a front door).
 func (a *App) Handler() http.Handler { return a.svc.Handler() }
 
-// Run serves on lis until ctx ends.
-func (a *App) Run(ctx context.Context, lis net.Listener) error { return a.svc.Serve(ctx, lis) }
+// Run serves on lis until ctx ends, then releases the service's resources.
+func (a *App) Run(ctx context.Context, lis net.Listener) error {
+	err := a.svc.Serve(ctx, lis)
+	if cerr := a.sandbox.Close(); cerr != nil {
+		a.svc.Logger().WarnContext(ctx, "sandbox connection close failed", "error", cerr)
+	}
+	if cerr := a.closeGCS(); cerr != nil {
+		a.svc.Logger().WarnContext(ctx, "gcs client close failed", "error", cerr)
+	}
+	return err
+}

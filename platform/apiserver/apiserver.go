@@ -217,8 +217,12 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
 	srv := &http.Server{
-		Handler:           s.handler,
-		Protocols:         &protocols,
+		Handler:   s.handler,
+		Protocols: &protocols,
+		HTTP2: &http.HTTP2Config{
+			MaxReceiveBufferPerStream:     rpc.StreamWindow,
+			MaxReceiveBufferPerConnection: rpc.ConnWindow,
+		},
 		ReadHeaderTimeout: readHeaderTimeout,
 		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
 	}

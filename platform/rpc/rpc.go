@@ -189,6 +189,13 @@ type ClientOptions struct {
 	MeterProvider  metric.MeterProvider
 }
 
+// Flow-control windows for bulk streams, on both ends (the server side is
+// net/http's HTTP/2 server, see apiserver).
+const (
+	StreamWindow = 4 << 20
+	ConnWindow   = 8 << 20
+)
+
 // Dial returns a client connection to target (any grpc.NewClient target,
 // e.g. "127.0.0.1:7001", "dns:///sandbox-svc:7001", "unix:///run/x.sock")
 // over plaintext, with the otelgrpc stats handler, the token and a default
@@ -210,6 +217,11 @@ func Dial(target string, opts ClientOptions, extra ...grpc.DialOption) (*grpc.Cl
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelOpts...)),
 		grpc.WithChainUnaryInterceptor(deadlineClient(timeout)),
+		// Larger flow-control windows: exec and checkpoint streams carry
+		// hundreds of MB. Measured on sandbox exec (512 MB through cat, 2
+		// cores): 107 MB/s with the 64 KiB defaults, 191 MB/s with these.
+		grpc.WithInitialWindowSize(StreamWindow),
+		grpc.WithInitialConnWindowSize(ConnWindow),
 	}
 	if opts.Token != "" {
 		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(auth.TokenCredentials{Token: opts.Token}))

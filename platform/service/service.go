@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
@@ -45,6 +46,10 @@ type Options struct {
 	// gateway's data plane, a front door's forwarding).
 	Routes  map[string]http.Handler
 	OpenAPI []byte
+	// DefaultTimeout is the deadline given to unary calls that arrive
+	// without one (rpc.DefaultTimeout when zero). Services whose calls run
+	// long (a cold sandbox create, a checkpoint capture) raise it.
+	DefaultTimeout time.Duration
 }
 
 // Service is a service ready to serve.
@@ -78,6 +83,8 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		OpenAPI:  opts.OpenAPI,
 		Metrics:  tel.MetricsHandler(),
 		Routes:   opts.Routes,
+
+		DefaultTimeout: opts.DefaultTimeout,
 	})
 	if err != nil {
 		_ = tel.Shutdown(ctx)

@@ -565,12 +565,7 @@ func (h *Handler) finish(c *call) {
 	if c.step.Response == nil {
 		c.step.Response = &gatewayv1.StepResponse{}
 	}
-	if c.failure != "" {
-		if c.step.Response.Headers == nil {
-			c.step.Response.Headers = map[string]string{}
-		}
-		c.step.Response.Headers["x-hangar-failure"] = c.failure
-	}
+	c.step.Failure = c.failure
 	model := c.usage.model
 	if model == "" {
 		model = c.step.Model

@@ -175,7 +175,7 @@ func TestUpstreamResetMidStream(t *testing.T) {
 			t.Errorf("%s: events %q", tc.path, data)
 		}
 		steps := e.tape(t, run.Id)
-		if len(steps) != 1 || !strings.Contains(steps[0].Response.Headers["x-hangar-failure"], "upstream stream failed") || len(steps[0].Response.Events) != 4 {
+		if len(steps) != 1 || !strings.Contains(steps[0].GetFailure(), "upstream stream failed") || len(steps[0].Response.Events) != 4 {
 			t.Errorf("%s: failure not taped: %v", tc.path, steps)
 		}
 	}

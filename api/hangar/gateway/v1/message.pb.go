@@ -788,8 +788,11 @@ type Step struct {
 	// Answered from a tape, not upstream.
 	Replayed bool `protobuf:"varint,10,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	// Set when this step's request differed from the taped one.
-	Divergence    *Divergence `protobuf:"bytes,11,opt,name=divergence,proto3" json:"divergence,omitempty"`
-	Model         string      `protobuf:"bytes,12,opt,name=model,proto3" json:"model,omitempty"`
+	Divergence *Divergence `protobuf:"bytes,11,opt,name=divergence,proto3" json:"divergence,omitempty"`
+	Model      string      `protobuf:"bytes,12,opt,name=model,proto3" json:"model,omitempty"`
+	// Why the call failed, when it did (upstream reset, provider error,
+	// refused over budget); the response holds what reached the client.
+	Failure       string `protobuf:"bytes,13,opt,name=failure,proto3" json:"failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -904,6 +907,13 @@ func (x *Step) GetDivergence() *Divergence {
 func (x *Step) GetModel() string {
 	if x != nil {
 		return x.Model
+	}
+	return ""
+}
+
+func (x *Step) GetFailure() string {
+	if x != nil {
+		return x.Failure
 	}
 	return ""
 }
@@ -1321,7 +1331,7 @@ const file_hangar_gateway_v1_message_proto_rawDesc = "" +
 	"\btape_run\x18\x01 \x01(\tR\atapeRun\x12\x15\n" +
 	"\x06at_seq\x18\x02 \x01(\x05R\x05atSeq\x12D\n" +
 	"\ron_divergence\x18\x03 \x01(\x0e2\x1f.hangar.gateway.v1.OnDivergenceR\fonDivergence\x12A\n" +
-	"\fafter_prefix\x18\x04 \x01(\x0e2\x1e.hangar.gateway.v1.AfterPrefixR\vafterPrefix\"\xf1\x03\n" +
+	"\fafter_prefix\x18\x04 \x01(\x0e2\x1e.hangar.gateway.v1.AfterPrefixR\vafterPrefix\"\x8b\x04\n" +
 	"\x04Step\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x127\n" +
@@ -1338,7 +1348,8 @@ const file_hangar_gateway_v1_message_proto_rawDesc = "" +
 	"\n" +
 	"divergence\x18\v \x01(\v2\x1d.hangar.gateway.v1.DivergenceR\n" +
 	"divergence\x12\x14\n" +
-	"\x05model\x18\f \x01(\tR\x05model\"\xd0\x01\n" +
+	"\x05model\x18\f \x01(\tR\x05model\x12\x18\n" +
+	"\afailure\x18\r \x01(\tR\afailure\"\xd0\x01\n" +
 	"\vStepRequest\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12E\n" +

@@ -1,0 +1,415 @@
+package checkpoint
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	"github.com/hangar-dev/hangar/platform/fault"
+)
+
+// maxChain bounds how many incremental bundles a checkpoint builds on;
+// past it the next checkpoint bundles everything since the base again.
+const maxChain = 16
+
+var commitRE = regexp.MustCompile(`^[0-9a-f]{40}([0-9a-f]{24})?$`)
+
+type sandbox struct {
+	id    string
+	token uint64
+}
+
+// gitEnv keeps git from writing the index as a side effect of reading and
+// makes its messages stable.
+var gitEnv = map[string]string{"LC_ALL": "C", "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0"}
+
+// diffArgs make a patch git apply takes back exactly, whatever the
+// sandbox's git configuration says (no renames, full hashes, binary).
+var diffArgs = []string{"-c", "core.quotePath=true", "diff", "--binary", "--full-index", "--no-renames", "--no-ext-diff",
+	"--no-textconv", "--no-color", "--ignore-submodules=none", "--src-prefix=a/", "--dst-prefix=b/"}
+
+func shArgv(script string, args ...string) []string {
+	return append([]string{"sh", "-c", script, "sh"}, args...)
+}
+
+// run executes argv in the sandbox; a non-zero exit other than the allowed
+// ones is an error carrying the end of stderr (for logs only).
+func (e *Engine) run(ctx context.Context, sb sandbox, argv []string, env map[string]string, stdin io.Reader, stdout io.Writer, allowed ...int) (int, error) {
+	var stderr tailBuffer
+	code, err := e.opt.Exec.Exec(ctx, sb.id, sb.token, argv, env, "", stdin, stdout, &stderr)
+	if err != nil {
+		return code, err
+	}
+	if code != 0 && !slices.Contains(allowed, code) {
+		name := argv[0]
+		if name == "sh" && len(argv) > 2 {
+			name = "sh: " + strings.SplitN(strings.TrimPrefix(argv[2], "set -e\n"), "\n", 2)[0]
+		} else if len(argv) > 3 {
+			name = strings.Join(argv[:4], " ")
+		}
+		return code, fmt.Errorf("sandbox command %q exited %d: %s", name, code, stderr.String())
+	}
+	return code, nil
+}
+
+// tailBuffer keeps the last 4 KiB written to it.
+type tailBuffer struct{ b []byte }
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > 4096 {
+		t.b = t.b[len(t.b)-4096:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string { return strings.TrimSpace(string(t.b)) }
+
+type probe struct {
+	head, branch, base, gitdir string
+	refs                       []ref
+	tracked, tree              string
+}
+
+func parseProbe(out []byte) probe {
+	var p probe
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), " ")
+		switch k {
+		case "head":
+			p.head = v
+		case "branch":
+			p.branch = strings.TrimPrefix(v, "refs/heads/")
+			if v == "-" {
+				p.branch = ""
+			}
+		case "base":
+			p.base = v
+		case "gitdir":
+			p.gitdir = v
+		case "ref":
+			sha, name, _ := strings.Cut(v, " ")
+			p.refs = append(p.refs, ref{Name: strings.TrimPrefix(name, "refs/heads/"), Commit: sha})
+		case "tracked":
+			p.tracked = v
+		case "tree":
+			p.tree = v
+		}
+	}
+	return p
+}
+
+func checkCapture(req *checkpointv1.CaptureCheckpointRequest) error {
+	if err := checkSession("session", req.GetSession()); err != nil {
+		return err
+	}
+	if req.GetSandboxId() == "" {
+		return fault.InvalidArgument("sandbox_id", "sandbox_id is required")
+	}
+	if err := checkAbs("work_dir", req.GetWorkDir()); err != nil {
+		return err
+	}
+	if !commitRE.MatchString(req.GetBaseCommit()) {
+		return fault.InvalidArgument("base_commit", "base_commit must be a full commit hash")
+	}
+	for _, p := range req.GetConversationPaths() {
+		if err := checkAbs("conversation_paths", p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkAbs(field, p string) error {
+	if !path.IsAbs(p) || path.Clean(p) != p || p == "/" || strings.ContainsRune(p, 0) {
+		return fault.InvalidArgument(field, "%s %q must be a clean absolute path", field, p)
+	}
+	return nil
+}
+
+// CaptureResult is what Capture made.
+type CaptureResult struct {
+	Checkpoint *checkpointv1.Checkpoint
+	Warnings   []*checkpointv1.Warning
+	// Created is false when nothing changed since the previous checkpoint,
+	// which is returned instead.
+	Created bool
+}
+
+// Capture checkpoints a sandbox's work tree and conversation files. Parts
+// stream from the sandbox into the store chunk by chunk; the manifest is
+// written last, so a failed capture leaves no checkpoint and the previous
+// one intact.
+func (e *Engine) Capture(ctx context.Context, req *checkpointv1.CaptureCheckpointRequest) (*CaptureResult, error) {
+	if err := checkCapture(req); err != nil {
+		return nil, err
+	}
+	session := req.GetSession()
+	defer e.lockSession(session)()
+	res, err := e.capture(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if res.Created {
+		if err := e.prune(ctx, session); err != nil {
+			// The checkpoint is written; retention catches up next time.
+			e.opt.Logger.LogAttrs(ctx, slog.LevelWarn, "checkpoint retention failed",
+				slog.String("session", session), slog.Any("error", err))
+		}
+	}
+	return res, nil
+}
+
+func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpointRequest) (*CaptureResult, error) {
+	e.gc.RLock()
+	defer e.gc.RUnlock()
+	sb := sandbox{req.GetSandboxId(), req.GetFencingToken()}
+	wd := req.GetWorkDir()
+
+	var out bytes.Buffer
+	code, err := e.run(ctx, sb, shArgv(probeScript, wd, req.GetBaseCommit()), gitEnv, nil, &out, 10)
+	if err != nil {
+		return nil, fmt.Errorf("capture probe: %w", err)
+	}
+	if code == 10 {
+		return nil, fault.FailedPrecondition(ReasonNotARepo, "work_dir %s is not the top of a git work tree", wd)
+	}
+	pr := parseProbe(out.Bytes())
+	switch {
+	case pr.base == "missing" || pr.base == "":
+		return nil, fault.FailedPrecondition(ReasonBaseMissing, "base commit %s is not in the sandbox's repository", req.GetBaseCommit())
+	case !commitRE.MatchString(pr.head):
+		return nil, fault.FailedPrecondition(ReasonNotARepo, "the repository in %s has no commit checked out", wd)
+	case pr.tree == "" || pr.tracked == "":
+		return nil, fmt.Errorf("capture probe: unexpected output %q", out.String())
+	}
+
+	prev := e.previous(ctx, req.GetSession())
+	dk, err := e.opt.Keys.NewDataKey()
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var (
+		parts    []*checkpointv1.Part
+		warnings []*checkpointv1.Warning
+		stored   int64
+	)
+	capturePart := func(kind checkpointv1.PartKind, limit int64, argv []string, allowed ...int) (*checkpointv1.Part, bool, error) {
+		pw := newPartWriter(ctx, e.opt.Store, dk, e.idKey, limit, seen)
+		defer func() { stored += pw.stored }()
+		code, err := e.run(ctx, sb, argv, gitEnv, nil, pw, allowed...)
+		if errors.Is(err, errPartTooLarge) {
+			w := &checkpointv1.Warning{Code: "PART_TOO_LARGE", Part: kind,
+				Message: fmt.Sprintf("%s part is over the %d MB limit and was not kept", partName(kind), limit>>20)}
+			if kind == checkpointv1.PartKind_PART_KIND_UNTRACKED {
+				w.Code = "UNTRACKED_TOO_LARGE"
+				w.Message = fmt.Sprintf("untracked files are over the %d MB limit and were not kept", limit>>20)
+			}
+			warnings = append(warnings, w)
+			return &checkpointv1.Part{Kind: kind, Skipped: true, SizeBytes: pw.size}, true, nil
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("capture %s: %w", partName(kind), err)
+		}
+		if code != 0 {
+			return nil, false, nil
+		}
+		if err := pw.Close(); err != nil {
+			return nil, false, fmt.Errorf("capture %s: %w", partName(kind), err)
+		}
+		return &checkpointv1.Part{Kind: kind, SizeBytes: pw.size, Sha256: pw.sha(), Objects: pw.objects}, true, nil
+	}
+
+	// Bundle: incremental on the previous checkpoint while its chain holds.
+	exclude := []string{pr.base}
+	var chain []*checkpointv1.Part
+	prevID := ""
+	if prev != nil && e.continuesChain(ctx, sb, wd, prev, pr) {
+		prevID = prev.cp.GetId()
+		for _, p := range prev.cp.GetParts() {
+			if p.GetKind() == checkpointv1.PartKind_PART_KIND_BUNDLE {
+				chain = append(chain, p)
+			}
+		}
+		exclude = append(exclude, prev.cp.GetHeadCommit())
+		for _, r := range prev.Refs {
+			exclude = append(exclude, r.Commit)
+		}
+	}
+	positive := []string{"HEAD"}
+	for _, r := range pr.refs {
+		positive = append(positive, "refs/heads/"+r.Name)
+	}
+	env := map[string]string{"HANGAR_EXCLUDE": strings.Join(exclude, " ")}
+	for k, v := range gitEnv {
+		env[k] = v
+	}
+	bundle, ok, err := func() (*checkpointv1.Part, bool, error) {
+		pw := newPartWriter(ctx, e.opt.Store, dk, e.idKey, e.opt.MaxPartBytes, seen)
+		defer func() { stored += pw.stored }()
+		code, err := e.run(ctx, sb, shArgv(bundleScript, append([]string{wd}, positive...)...), env, nil, pw, 3)
+		if errors.Is(err, errPartTooLarge) {
+			warnings = append(warnings, &checkpointv1.Warning{Code: "PART_TOO_LARGE", Part: checkpointv1.PartKind_PART_KIND_BUNDLE,
+				Message: fmt.Sprintf("the commits' bundle is over the %d MB limit and was not kept; this checkpoint cannot be restored", e.opt.MaxPartBytes>>20)})
+			return &checkpointv1.Part{Kind: checkpointv1.PartKind_PART_KIND_BUNDLE, Skipped: true, SizeBytes: pw.size}, true, nil
+		}
+		if err != nil || code == 3 {
+			return nil, false, err
+		}
+		if err := pw.Close(); err != nil {
+			return nil, false, err
+		}
+		return &checkpointv1.Part{Kind: checkpointv1.PartKind_PART_KIND_BUNDLE, SizeBytes: pw.size, Sha256: pw.sha(), Objects: pw.objects}, true, nil
+	}()
+	if err != nil {
+		return nil, fmt.Errorf("capture bundle: %w", err)
+	}
+	parts = append(parts, chain...)
+	if ok {
+		parts = append(parts, bundle)
+	}
+
+	git := func(args ...string) []string {
+		return append(append([]string{"git", "-C", wd}, diffArgs...), args...)
+	}
+	steps := []struct {
+		kind  checkpointv1.PartKind
+		limit int64
+		argv  []string
+	}{
+		{checkpointv1.PartKind_PART_KIND_DIFF, e.opt.MaxPartBytes, git("HEAD")},
+		{checkpointv1.PartKind_PART_KIND_INDEX, e.opt.MaxPartBytes, git("--cached", "HEAD")},
+		{checkpointv1.PartKind_PART_KIND_UNTRACKED, minLimit(e.opt.MaxUntrackedBytes, e.opt.MaxPartBytes), shArgv(untrackedScript, wd)},
+	}
+	if paths := req.GetConversationPaths(); len(paths) > 0 {
+		argv := append([]string{"tar", "-c", "-f", "-", "--format=gnu", "-P", "--ignore-failed-read", "--"}, paths...)
+		steps = append(steps, struct {
+			kind  checkpointv1.PartKind
+			limit int64
+			argv  []string
+		}{checkpointv1.PartKind_PART_KIND_CONVERSATION, e.opt.MaxPartBytes, argv})
+	}
+	for _, s := range steps {
+		p, _, err := capturePart(s.kind, s.limit, s.argv)
+		if err != nil {
+			return nil, err
+		}
+		parts = append(parts, p)
+	}
+
+	cp := &checkpointv1.Checkpoint{
+		Session: req.GetSession(), Reason: req.GetReason(), Turn: req.GetTurn(),
+		Harness: req.GetHarness(), ConversationId: req.GetConversationId(),
+		Branch: pr.branch, BaseCommit: pr.base, HeadCommit: pr.head, TreeHash: pr.tree,
+		Parts: parts, Warnings: warnings, PreviousCheckpoint: prevID, KeyId: dk.KeyID,
+		ConversationPaths: req.GetConversationPaths(),
+	}
+	for _, p := range parts {
+		cp.SizeBytes += p.GetSizeBytes()
+	}
+	m := &manifest{cp: cp, Refs: pr.refs, TrackedTreeHash: pr.tracked}
+	if prev != nil && sameContent(prev, m) {
+		return &CaptureResult{Checkpoint: prev.cp, Warnings: prev.cp.GetWarnings(), Created: false}, nil
+	}
+	newest := ""
+	if prev != nil {
+		newest = prev.cp.GetId()
+	}
+	cp.Id = e.newID(req.GetSession(), newest)
+	cp.CreatedAt = timestamppb.New(e.opt.Now())
+	n, err := e.writeManifest(ctx, m)
+	if err != nil {
+		return nil, fmt.Errorf("capture: write manifest: %w", err)
+	}
+	cp.StoredBytes = stored + n
+	e.opt.Logger.LogAttrs(ctx, slog.LevelInfo, "checkpoint captured", slog.String("checkpoint", cp.GetId()),
+		slog.Int64("size_bytes", cp.GetSizeBytes()), slog.Int64("stored_bytes", cp.GetStoredBytes()), slog.Int("warnings", len(warnings)))
+	return &CaptureResult{Checkpoint: cp, Warnings: warnings, Created: true}, nil
+}
+
+func minLimit(a, b int64) int64 {
+	switch {
+	case a <= 0:
+		return b
+	case b <= 0:
+		return a
+	}
+	return min(a, b)
+}
+
+func partName(k checkpointv1.PartKind) string {
+	return strings.ToLower(strings.TrimPrefix(k.String(), "PART_KIND_"))
+}
+
+// previous returns the session's newest readable checkpoint, or nil.
+func (e *Engine) previous(ctx context.Context, session string) *manifest {
+	keys, err := e.sessionKeys(ctx, session)
+	if err != nil || len(keys) == 0 {
+		return nil
+	}
+	m, err := e.readManifestKey(ctx, keys[0])
+	if err != nil {
+		e.opt.Logger.LogAttrs(ctx, slog.LevelWarn, "previous checkpoint unreadable; capturing in full",
+			slog.String("session", session), slog.Any("error", err))
+		return nil
+	}
+	return m
+}
+
+// continuesChain reports whether a capture may bundle only what prev lacks:
+// same base, prev's bundles all kept, the chain not too long, and prev's
+// HEAD still an ancestor of HEAD (otherwise history was rewritten and the
+// old chain would carry dead commits forever).
+func (e *Engine) continuesChain(ctx context.Context, sb sandbox, wd string, prev *manifest, pr probe) bool {
+	if prev.cp.GetBaseCommit() != pr.base {
+		return false
+	}
+	n := 0
+	for _, p := range prev.cp.GetParts() {
+		if p.GetKind() == checkpointv1.PartKind_PART_KIND_BUNDLE {
+			if p.GetSkipped() {
+				return false
+			}
+			n++
+		}
+	}
+	if n >= maxChain {
+		return false
+	}
+	if prev.cp.GetHeadCommit() == pr.head {
+		return true
+	}
+	code, err := e.run(ctx, sb, []string{"git", "-C", wd, "merge-base", "--is-ancestor", prev.cp.GetHeadCommit(), pr.head}, gitEnv, nil, nil, 1, 128)
+	return err == nil && code == 0
+}
+
+// sameContent reports whether m holds exactly what prev holds.
+func sameContent(prev, m *manifest) bool {
+	a, b := prev.cp, m.cp
+	if a.GetHeadCommit() != b.GetHeadCommit() || a.GetBranch() != b.GetBranch() || a.GetTreeHash() != b.GetTreeHash() ||
+		a.GetBaseCommit() != b.GetBaseCommit() || !slices.Equal(prev.Refs, m.Refs) ||
+		!slices.Equal(a.GetConversationPaths(), b.GetConversationPaths()) || len(a.GetParts()) != len(b.GetParts()) ||
+		a.GetHarness() != b.GetHarness() || a.GetConversationId() != b.GetConversationId() {
+		return false
+	}
+	for i, p := range a.GetParts() {
+		q := b.GetParts()[i]
+		if p.GetKind() != q.GetKind() || p.GetSkipped() != q.GetSkipped() || p.GetSha256() != q.GetSha256() || p.GetSizeBytes() != q.GetSizeBytes() {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,543 @@
+// Package checkpoint captures a sandbox's work (commits, uncommitted and
+// untracked changes, conversation files) into a blob store, sealed with the
+// vault key, and restores it exactly into a fresh sandbox. It reaches a
+// sandbox only through an Executor (the sandbox service's exec stream).
+//
+// Store layout:
+//
+//	objects/<hh>/<hmac>            a sealed chunk of a part, shared by every
+//	                               checkpoint (of any session) holding it
+//	checkpoints/<session>/<stamp>  a sealed manifest; written last, so a
+//	                               checkpoint exists once its manifest does
+//
+// Objects are never referenced before they are complete, and are removed
+// only by a mark-and-sweep collection that runs while no capture is in
+// flight in this process (one checkpoint-svc per store).
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	"github.com/hangar-dev/hangar/checkpoint-svc/internal/vault"
+	"github.com/hangar-dev/hangar/platform/blob"
+	"github.com/hangar-dev/hangar/platform/fault"
+)
+
+// Executor runs one command in a sandbox: stdin (nil for none) is fed to
+// it and its output streamed to stdout and stderr (nil discards) as it is
+// produced. A writer error must stop the command and be returned. A
+// non-zero exit is not an error.
+type Executor interface {
+	Exec(ctx context.Context, sandboxID string, fencingToken uint64, argv []string, env map[string]string, cwd string,
+		stdin io.Reader, stdout, stderr io.Writer) (exitCode int, err error)
+}
+
+// Options configure an Engine.
+type Options struct {
+	Store  blob.Store
+	Exec   Executor
+	Keys   *vault.Keyring
+	Logger *slog.Logger
+	Now    func() time.Time
+	// KeepCheckpoints is how many checkpoints a session keeps (newest).
+	KeepCheckpoints int
+	// MaxUntrackedBytes and MaxPartBytes: larger parts are skipped with a
+	// warning (0: no limit).
+	MaxUntrackedBytes, MaxPartBytes int64
+}
+
+// Engine captures, restores and manages checkpoints.
+type Engine struct {
+	opt   Options
+	idKey []byte
+
+	// gc is held shared by captures and exclusively by collections.
+	gc sync.RWMutex
+
+	mu        sync.Mutex
+	sessions  map[string]*sync.Mutex
+	manifests map[string][]string // manifest key -> objects (manifests never change)
+}
+
+// New returns an Engine.
+func New(opt Options) (*Engine, error) {
+	if opt.Store == nil || opt.Exec == nil || opt.Keys == nil {
+		return nil, errors.New("checkpoint: Store, Exec and Keys are required")
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.KeepCheckpoints < 1 {
+		opt.KeepCheckpoints = 5
+	}
+	return &Engine{
+		opt: opt, idKey: opt.Keys.Derive("checkpoint object id"),
+		sessions: map[string]*sync.Mutex{}, manifests: map[string][]string{},
+	}, nil
+}
+
+// Stable reasons of the errors this package returns.
+const (
+	ReasonNotFound     = "CHECKPOINT_NOT_FOUND"
+	ReasonTampered     = "CHECKPOINT_TAMPERED"
+	ReasonUnknownKey   = "CHECKPOINT_KEY_UNKNOWN"
+	ReasonUnsafePath   = "CHECKPOINT_UNSAFE_PATH"
+	ReasonIncomplete   = "CHECKPOINT_INCOMPLETE"
+	ReasonTreeMismatch = "CHECKPOINT_TREE_MISMATCH"
+	ReasonNotARepo     = "WORK_DIR_NOT_A_REPOSITORY"
+	ReasonBaseMissing  = "BASE_COMMIT_MISSING"
+)
+
+// domainErr turns an internal error about checkpoint id into a fault with a
+// client-safe message; other errors pass through (they become Internal).
+func domainErr(id string, err error) error {
+	var fe *fault.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &fe):
+		return err
+	case errors.Is(err, vault.ErrUnknownKey):
+		return fault.Wrap(fault.KindFailedPrecondition, ReasonUnknownKey,
+			fmt.Sprintf("checkpoint %s was sealed with a vault key this service does not have", id), err)
+	case errors.Is(err, errDamaged):
+		return fault.Wrap(fault.KindFailedPrecondition, ReasonTampered,
+			fmt.Sprintf("checkpoint %s is damaged: its data was modified, truncated or lost", id), err)
+	case errors.Is(err, errUnsafePath):
+		return fault.Wrap(fault.KindFailedPrecondition, ReasonUnsafePath,
+			fmt.Sprintf("checkpoint %s holds a path that would escape the work tree; nothing was restored from it", id), err)
+	}
+	return err
+}
+
+var sessionRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+func checkSession(field, s string) error {
+	if !sessionRE.MatchString(s) {
+		return fault.InvalidArgument(field, "%s must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit", field)
+	}
+	return nil
+}
+
+const stampLayout = "20060102T150405.000000000Z"
+
+// A checkpoint id is "<session>~<stamp>-<random>": it names its manifest.
+func manifestKey(id string) (session, key string, err error) {
+	i := strings.LastIndexByte(id, '~')
+	if i < 0 || checkSession("checkpoint_id", id[:i]) != nil || !regexp.MustCompile(`^[0-9TZ.]{26}-[0-9a-f]{8}$`).MatchString(id[i+1:]) {
+		return "", "", fault.InvalidArgument("checkpoint_id", "checkpoint_id %q is not a checkpoint id", id)
+	}
+	return id[:i], "checkpoints/" + id[:i] + "/" + id[i+1:], nil
+}
+
+func idFromKey(key string) string {
+	rest := strings.TrimPrefix(key, "checkpoints/")
+	i := strings.LastIndexByte(rest, '/')
+	return rest[:i] + "~" + rest[i+1:]
+}
+
+// manifest is the stored form of a checkpoint.
+type manifest struct {
+	Version    int             `json:"version"`
+	Checkpoint json.RawMessage `json:"checkpoint"`
+	// Refs are the local branches at capture (name -> commit).
+	Refs []ref `json:"refs,omitempty"`
+	// TrackedTreeHash is the tree of tracked files only: what a restore
+	// verifies against when the untracked part was skipped.
+	TrackedTreeHash string `json:"tracked_tree_hash,omitempty"`
+
+	cp *checkpointv1.Checkpoint
+}
+
+type ref struct {
+	Name   string `json:"name"`
+	Commit string `json:"commit"`
+}
+
+func (m *manifest) objects() []string {
+	var out []string
+	for _, p := range m.cp.GetParts() {
+		out = append(out, p.GetObjects()...)
+	}
+	return out
+}
+
+func (e *Engine) writeManifest(ctx context.Context, m *manifest) (int64, error) {
+	b, err := protojson.Marshal(m.cp)
+	if err != nil {
+		return 0, err
+	}
+	m.Version, m.Checkpoint = 1, b
+	body, err := json.Marshal(m)
+	if err != nil {
+		return 0, err
+	}
+	_, key, err := manifestKey(m.cp.GetId())
+	if err != nil {
+		return 0, err
+	}
+	dk, err := e.opt.Keys.NewDataKey()
+	if err != nil {
+		return 0, err
+	}
+	return putSealed(ctx, e.opt.Store, key, dk, bytes.NewReader(body))
+}
+
+func (e *Engine) readManifest(ctx context.Context, id string) (*manifest, error) {
+	_, key, err := manifestKey(id)
+	if err != nil {
+		return nil, err
+	}
+	return e.readManifestKey(ctx, key)
+}
+
+func (e *Engine) readManifestKey(ctx context.Context, key string) (*manifest, error) {
+	id := idFromKey(key)
+	rc, err := e.opt.Store.Get(ctx, key)
+	if errors.Is(err, blob.ErrNotFound) {
+		return nil, fault.NotFound(ReasonNotFound, "checkpoint %s not found", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get manifest: %w", err)
+	}
+	defer rc.Close()
+	body, err := io.ReadAll(io.LimitReader(vault.NewReader(rc, e.opt.Keys), 64<<20))
+	if err != nil {
+		return nil, domainErr(id, mapOpenErr(err))
+	}
+	var m manifest
+	if err := json.Unmarshal(body, &m); err != nil || m.Version != 1 {
+		return nil, domainErr(id, fmt.Errorf("%w: manifest does not parse", errDamaged))
+	}
+	m.cp = &checkpointv1.Checkpoint{}
+	if err := protojson.Unmarshal(m.Checkpoint, m.cp); err != nil || m.cp.GetId() != id {
+		return nil, domainErr(id, fmt.Errorf("%w: manifest does not match its name", errDamaged))
+	}
+	e.mu.Lock()
+	e.manifests[key] = m.objects()
+	e.mu.Unlock()
+	return &m, nil
+}
+
+// sessionKeys lists a session's manifest keys, newest first.
+func (e *Engine) sessionKeys(ctx context.Context, session string) ([]string, error) {
+	infos, err := e.opt.Store.List(ctx, "checkpoints/"+session+"/")
+	if err != nil {
+		return nil, fmt.Errorf("list checkpoints: %w", err)
+	}
+	var keys []string
+	for _, in := range infos {
+		rest := strings.TrimPrefix(in.Key, "checkpoints/"+session+"/")
+		if rest != "" && !strings.Contains(rest, "/") {
+			keys = append(keys, in.Key)
+		}
+	}
+	slices.Sort(keys)
+	slices.Reverse(keys)
+	return keys, nil
+}
+
+func (e *Engine) lockSession(s string) func() {
+	e.mu.Lock()
+	m, ok := e.sessions[s]
+	if !ok {
+		m = &sync.Mutex{}
+		e.sessions[s] = m
+	}
+	e.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// newID returns an id newer than every existing checkpoint of the session.
+func (e *Engine) newID(session string, newest string) string {
+	t := e.opt.Now().UTC()
+	if newest != "" {
+		if i := strings.LastIndexByte(newest, '~'); i >= 0 && len(newest) > i+27 {
+			if prev, err := time.Parse(stampLayout, newest[i+1:i+27]); err == nil && !t.After(prev) {
+				t = prev.Add(time.Nanosecond)
+			}
+		}
+	}
+	var r [4]byte
+	rand.Read(r[:])
+	return session + "~" + t.Format(stampLayout) + "-" + hex.EncodeToString(r[:])
+}
+
+// Get returns a checkpoint.
+func (e *Engine) Get(ctx context.Context, id string) (*checkpointv1.Checkpoint, error) {
+	m, err := e.readManifest(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return m.cp, nil
+}
+
+// List returns a session's checkpoints, newest first, from offset on (at
+// most limit; 0: all), and the offset of the next page (0: none).
+func (e *Engine) List(ctx context.Context, session string, offset, limit int) ([]*checkpointv1.Checkpoint, int, error) {
+	if err := checkSession("session", session); err != nil {
+		return nil, 0, err
+	}
+	keys, err := e.sessionKeys(ctx, session)
+	if err != nil {
+		return nil, 0, err
+	}
+	if offset > len(keys) {
+		offset = len(keys)
+	}
+	keys = keys[offset:]
+	next := 0
+	if limit > 0 && len(keys) > limit {
+		keys, next = keys[:limit], offset+limit
+	}
+	out := make([]*checkpointv1.Checkpoint, 0, len(keys))
+	for _, k := range keys {
+		m, err := e.readManifestKey(ctx, k)
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, m.cp)
+	}
+	return out, next, nil
+}
+
+// Delete removes a checkpoint; objects no other checkpoint holds go too.
+func (e *Engine) Delete(ctx context.Context, id string) error {
+	session, key, err := manifestKey(id)
+	if err != nil {
+		return err
+	}
+	defer e.lockSession(session)()
+	if err := e.opt.Store.Delete(ctx, key); errors.Is(err, blob.ErrNotFound) {
+		return fault.NotFound(ReasonNotFound, "checkpoint %s not found", id)
+	} else if err != nil {
+		return fmt.Errorf("delete manifest: %w", err)
+	}
+	return e.collect(ctx)
+}
+
+// Archive removes every checkpoint of a session and returns how many.
+func (e *Engine) Archive(ctx context.Context, session string) (int, error) {
+	if err := checkSession("session", session); err != nil {
+		return 0, err
+	}
+	defer e.lockSession(session)()
+	keys, err := e.sessionKeys(ctx, session)
+	if err != nil {
+		return 0, err
+	}
+	for i, k := range keys {
+		if err := deleteKey(ctx, e.opt.Store, k); err != nil {
+			return i, err
+		}
+	}
+	return len(keys), e.collect(ctx)
+}
+
+func deleteKey(ctx context.Context, s blob.Store, key string) error {
+	if err := s.Delete(ctx, key); err != nil && !errors.Is(err, blob.ErrNotFound) {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	return nil
+}
+
+// prune keeps a session's newest KeepCheckpoints. Called with the session
+// locked.
+func (e *Engine) prune(ctx context.Context, session string) error {
+	keys, err := e.sessionKeys(ctx, session)
+	if err != nil || len(keys) <= e.opt.KeepCheckpoints {
+		return err
+	}
+	for _, k := range keys[e.opt.KeepCheckpoints:] {
+		if err := deleteKey(ctx, e.opt.Store, k); err != nil {
+			return err
+		}
+	}
+	return e.collect(ctx)
+}
+
+// collect deletes every object no manifest references (mark and sweep).
+// It waits for captures in flight, so none can be relying on an object it
+// found but has not referenced yet. If any manifest cannot be read it
+// deletes nothing.
+func (e *Engine) collect(ctx context.Context) error {
+	e.gc.Lock()
+	defer e.gc.Unlock()
+	infos, err := e.opt.Store.List(ctx, "checkpoints/")
+	if err != nil {
+		return fmt.Errorf("collect: list manifests: %w", err)
+	}
+	live := map[string]bool{}
+	present := map[string]bool{}
+	for _, in := range infos {
+		present[in.Key] = true
+		e.mu.Lock()
+		objs, ok := e.manifests[in.Key]
+		e.mu.Unlock()
+		if !ok {
+			m, err := e.readManifestKey(ctx, in.Key)
+			if err != nil {
+				return fmt.Errorf("collect: manifest %s unreadable, nothing deleted: %w", in.Key, err)
+			}
+			objs = m.objects()
+		}
+		for _, o := range objs {
+			live[o] = true
+		}
+	}
+	e.mu.Lock()
+	for k := range e.manifests {
+		if !present[k] {
+			delete(e.manifests, k)
+		}
+	}
+	e.mu.Unlock()
+	objs, err := e.opt.Store.List(ctx, "objects/")
+	if err != nil {
+		return fmt.Errorf("collect: list objects: %w", err)
+	}
+	deleted := 0
+	for _, in := range objs {
+		id := in.Key[strings.LastIndexByte(in.Key, '/')+1:]
+		if !live[id] {
+			if err := deleteKey(ctx, e.opt.Store, in.Key); err != nil {
+				return err
+			}
+			deleted++
+		}
+	}
+	e.opt.Logger.LogAttrs(ctx, slog.LevelDebug, "checkpoint objects collected",
+		slog.Int("deleted", deleted), slog.Int("live", len(live)))
+	return nil
+}
+
+// Fork makes a checkpoint of newSession holding the same data as id (no
+// bytes copied), on branch (the source's branch when empty).
+func (e *Engine) Fork(ctx context.Context, id, newSession, branch string) (*checkpointv1.Checkpoint, error) {
+	if err := checkSession("new_session", newSession); err != nil {
+		return nil, err
+	}
+	if branch != "" {
+		if err := checkBranch("branch", branch); err != nil {
+			return nil, err
+		}
+	}
+	src, err := e.readManifest(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer e.lockSession(newSession)()
+	e.gc.RLock()
+	defer e.gc.RUnlock()
+	// The source may have been deleted between reading and locking.
+	if _, err := e.readManifest(ctx, id); err != nil {
+		return nil, err
+	}
+	keys, err := e.sessionKeys(ctx, newSession)
+	if err != nil {
+		return nil, err
+	}
+	newest := ""
+	if len(keys) > 0 {
+		newest = idFromKey(keys[0])
+	}
+	cp := proto.Clone(src.cp).(*checkpointv1.Checkpoint)
+	cp.Id = e.newID(newSession, newest)
+	cp.Session = newSession
+	cp.CreatedAt = timestamppb.New(e.opt.Now())
+	cp.Reason = checkpointv1.CheckpointReason_CHECKPOINT_REASON_FORK
+	cp.SharedFrom = src.cp.GetId()
+	cp.PreviousCheckpoint = ""
+	cp.StoredBytes = 0
+	m := &manifest{cp: cp, TrackedTreeHash: src.TrackedTreeHash}
+	old := src.cp.GetBranch()
+	for _, r := range src.Refs {
+		if branch != "" && old != "" && r.Name == old {
+			r.Name = branch
+		}
+		m.Refs = append(m.Refs, r)
+	}
+	if branch != "" && old != "" {
+		cp.Branch = branch
+	}
+	n, err := e.writeManifest(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	cp.StoredBytes = n
+	return cp, nil
+}
+
+// Verify reads and authenticates every part of a checkpoint.
+func (e *Engine) Verify(ctx context.Context, id string) (*checkpointv1.Checkpoint, error) {
+	m, err := e.readManifest(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range m.cp.GetParts() {
+		if p.GetSkipped() {
+			continue
+		}
+		r := openPart(ctx, e.opt.Store, e.opt.Keys, p.GetObjects(), p.GetSizeBytes(), p.GetSha256())
+		_, err := io.Copy(io.Discard, r)
+		r.Close()
+		if err != nil {
+			return m.cp, domainErr(id, err)
+		}
+	}
+	return m.cp, nil
+}
+
+// ReadPart streams a part's plaintext into w (for the bundle, the
+// checkpoint's own, newest, bundle).
+func (e *Engine) ReadPart(ctx context.Context, id string, kind checkpointv1.PartKind, w io.Writer) error {
+	m, err := e.readManifest(ctx, id)
+	if err != nil {
+		return err
+	}
+	var part *checkpointv1.Part
+	for _, p := range m.cp.GetParts() {
+		if p.GetKind() == kind && !p.GetSkipped() {
+			part = p
+		}
+	}
+	if part == nil {
+		return fault.NotFound("PART_NOT_FOUND", "checkpoint %s has no %s part", id, kind)
+	}
+	r := openPart(ctx, e.opt.Store, e.opt.Keys, part.GetObjects(), part.GetSizeBytes(), part.GetSha256())
+	defer r.Close()
+	_, err = io.Copy(w, r)
+	return domainErr(id, err)
+}
+
+var branchRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._/-]*$`)
+
+func checkBranch(field, b string) error {
+	if !branchRE.MatchString(b) || strings.Contains(b, "..") || strings.Contains(b, "//") ||
+		strings.HasSuffix(b, "/") || strings.HasSuffix(b, ".lock") || strings.HasSuffix(b, ".") || len(b) > 200 {
+		return fault.InvalidArgument(field, "%s %q is not a usable branch name", field, b)
+	}
+	return nil
+}

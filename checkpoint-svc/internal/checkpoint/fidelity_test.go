@@ -1,0 +1,109 @@
+package checkpoint_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+)
+
+func ignored(rel string) bool {
+	return strings.HasSuffix(rel, ".log") || rel == "node_modules" || strings.HasPrefix(rel, "node_modules/")
+}
+
+// messUp builds a work tree with every kind of change.
+func messUp(t *testing.T, work, home string) []string {
+	write(t, work, "old.txt", "old name\n", 0o644)
+	write(t, work, "src/a.go", "package a\n\nfunc A() {}\n", 0o644)
+	git(t, work, "add", "-A")
+	git(t, work, "commit", "-q", "-m", "one")
+	write(t, work, "src/c.go", "package c\n", 0o644)
+	git(t, work, "add", "-A")
+	git(t, work, "commit", "-q", "-m", "two")
+	// Staged, then changed again unstaged.
+	write(t, work, "src/b.go", "package b\n\nfunc B() { staged() }\n", 0o644)
+	git(t, work, "add", "src/b.go")
+	write(t, work, "src/b.go", "package b\n\nfunc B() { unstaged() }\n", 0o644)
+	// Binary: modified unstaged; a new one staged.
+	write(t, work, "data.bin", string([]byte{0, 9, 8, 7, 255, 0, 0, 1}), 0o644)
+	write(t, work, "img.bin", string([]byte{0x89, 'P', 'N', 'G', 0, 0, 0, 13, 0xff}), 0o644)
+	git(t, work, "add", "img.bin")
+	// Modes: one unstaged, one staged.
+	os.Chmod(filepath.Join(work, "src/a.go"), 0o755)
+	os.Chmod(filepath.Join(work, "bin/run.sh"), 0o644)
+	git(t, work, "add", "bin/run.sh")
+	// Deletions: unstaged and staged; a rename staged.
+	os.Remove(filepath.Join(work, "README.md"))
+	git(t, work, "rm", "-q", "link-a")
+	git(t, work, "mv", "old.txt", "new.txt")
+	// Untracked: a symlink, an empty directory, odd names, an executable.
+	write(t, work, "notes/todo.txt", "todo\n", 0o600)
+	os.Symlink("../src/a.go", filepath.Join(work, "notes/ln"))
+	os.Symlink("/etc/hostname", filepath.Join(work, "abs-link"))
+	os.MkdirAll(filepath.Join(work, "emptydir/sub"), 0o750)
+	write(t, work, "weird\nname\xff\x01.txt", "odd\n", 0o644)
+	write(t, work, "-dash", "dash\n", 0o644)
+	write(t, work, "tool.sh", "#!/bin/sh\n", 0o755)
+	// Ignored: must not come back.
+	write(t, work, "debug.log", "noise\n", 0o644)
+	write(t, work, "node_modules/x/index.js", "x\n", 0o644)
+	// Conversation files.
+	conv := filepath.Join(home, ".claude/projects/-work")
+	write(t, conv, "c1.jsonl", "{\"turn\":1}\n", 0o600)
+	return []string{filepath.Join(home, ".claude/projects")}
+}
+
+func TestRoundTripFidelity(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	work, home := w.sandbox()
+	conv := messUp(t, work, home)
+	res := w.capture("s1", work, conv...)
+	if !res.Created || len(res.Warnings) != 0 {
+		t.Fatalf("capture: created=%v warnings=%v", res.Created, res.Warnings)
+	}
+	cp := res.Checkpoint
+	if cp.GetHeadCommit() != git(t, work, "rev-parse", "HEAD") || cp.GetBranch() != "hangar/session/s1" {
+		t.Fatalf("metadata: head %s branch %s", cp.GetHeadCommit(), cp.GetBranch())
+	}
+
+	// The conversation goes away with the old sandbox; the restore brings it back.
+	wantConv := snapshot(t, home, nil)
+	os.RemoveAll(filepath.Join(home, ".claude"))
+	work2, _ := w.sandbox()
+	tree, err := w.restore(cp.GetId(), work2, "")
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if tree != cp.GetTreeHash() {
+		t.Fatalf("tree %s, want %s", tree, cp.GetTreeHash())
+	}
+	diffSnap(t, snapshot(t, work, ignored), snapshot(t, work2, nil))
+	diffSnap(t, wantConv, snapshot(t, home, nil))
+	for _, args := range [][]string{
+		{"rev-parse", "HEAD"}, {"symbolic-ref", "HEAD"}, {"ls-files", "-s"}, {"diff", "--cached", "--stat"},
+		{"for-each-ref", "--format=%(refname) %(objectname)", "refs/heads/"},
+	} {
+		if a, b := git(t, work, args...), git(t, work2, args...); a != b {
+			t.Errorf("git %v:\n%s\nrestored:\n%s", args, a, b)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(work2, "debug.log")); !os.IsNotExist(err) {
+		t.Error("ignored file restored")
+	}
+
+	// Verify, get and read a part.
+	if _, err := w.eng.Verify(context.Background(), cp.GetId()); err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	var diff strings.Builder
+	if err := w.eng.ReadPart(context.Background(), cp.GetId(), checkpointv1.PartKind_PART_KIND_DIFF, &diff); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(diff.String(), "unstaged()") {
+		t.Fatalf("diff part lacks the unstaged change:\n%s", diff.String())
+	}
+}

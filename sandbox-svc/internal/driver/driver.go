@@ -1,0 +1,168 @@
+// Package driver defines how sandbox-svc builds and runs sandboxes: the
+// Driver interface every backend (local directories, kubernetes pods)
+// implements, and the request and result types they share. The conformance
+// suite in drivertest is the contract's executable form.
+package driver
+
+import (
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"time"
+)
+
+// Sentinel errors a driver returns; the server maps them to fault kinds.
+var (
+	// ErrFileNotFound: the path does not exist in the sandbox.
+	ErrFileNotFound = errors.New("file not found")
+	// ErrOutsideSandbox: the path (or a symlink on it) leaves the sandbox.
+	ErrOutsideSandbox = errors.New("path escapes the sandbox")
+	// ErrTooLarge: a file is larger than the caller's limit.
+	ErrTooLarge = errors.New("file too large")
+	// ErrNotDirectory / ErrIsDirectory: the path has the wrong type.
+	ErrNotDirectory = errors.New("not a directory")
+	ErrIsDirectory  = errors.New("is a directory")
+	// ErrDestroyed: the sandbox was destroyed.
+	ErrDestroyed = errors.New("sandbox destroyed")
+	// ErrInUse: the work key is held by another live sandbox.
+	ErrInUse = errors.New("work key in use")
+	// ErrEgressUnsupported: the driver cannot enforce egress none here.
+	ErrEgressUnsupported = errors.New("egress none unsupported")
+)
+
+// Egress is what a sandbox's processes may reach.
+type Egress int
+
+// Egress policies.
+const (
+	EgressFull Egress = iota
+	// EgressNone: loopback only, plus the gateway relay.
+	EgressNone
+)
+
+// Spec says how to build one sandbox.
+type Spec struct {
+	// ID is unique among live sandboxes.
+	ID string
+	// WorkKey names the sandbox's directory so its work tree path is
+	// reproducible (a session name); ID when empty.
+	WorkKey     string
+	Environment string
+	// Repository is a local path or a git URL.
+	Repository string
+	// BaseRef is a branch, tag or commit; the repository's HEAD when empty.
+	BaseRef string
+	// Setup commands run with sh -c in the work tree after the clone.
+	Setup []string
+	// Env is given to every process (setup included).
+	Env    map[string]string
+	Egress Egress
+}
+
+// Info describes a created sandbox.
+type Info struct {
+	ID         string
+	WorkKey    string
+	WorkDir    string
+	HomeDir    string
+	BaseCommit string
+	Egress     Egress
+	CreatedAt  time.Time
+}
+
+// ExecRequest runs one command. Argv is run directly, not through a shell.
+type ExecRequest struct {
+	Argv []string
+	Env  map[string]string
+	// Dir is relative to the work tree (or absolute inside the sandbox).
+	Dir string
+	// Stdin may be nil (empty stdin). The driver reads it in its own
+	// goroutine; Wait does not wait for it to reach EOF.
+	Stdin io.Reader
+	// Stdout and Stderr receive the output as it is produced, in chunks of
+	// at most 32 KiB; nil discards. Writes block the process (backpressure).
+	Stdout, Stderr io.Writer
+}
+
+// ExitStatus is how a process ended.
+type ExitStatus struct {
+	Code int
+	// Signal is set ("KILL", "TERM", ...) when a signal ended the process.
+	Signal string
+}
+
+// Process is a running exec. Cancelling the context given to Exec kills its
+// whole process group.
+type Process interface {
+	// Signal sends sig to the process group.
+	Signal(sig os.Signal) error
+	// Wait returns when the process has exited and its output is delivered.
+	Wait() (ExitStatus, error)
+}
+
+// TerminalRequest starts a process on a pty.
+type TerminalRequest struct {
+	// Argv; the user's shell when empty.
+	Argv       []string
+	Env        map[string]string
+	Rows, Cols uint16
+}
+
+// Terminal is a process on a pty. Reads return its output; writes are its
+// input. Closing the reader side is not detaching: detach is the caller
+// simply stopping to read (the server keeps draining it).
+type Terminal interface {
+	io.ReadWriter
+	Resize(rows, cols uint16) error
+	// Wait returns when the process has exited.
+	Wait() (ExitStatus, error)
+	// Kill ends the process group and closes the pty.
+	Kill() error
+}
+
+// FileInfo describes a file in a sandbox.
+type FileInfo struct {
+	// Path is relative to the work tree, or absolute when outside it.
+	Path       string
+	Mode       fs.FileMode
+	Size       int64
+	ModTime    time.Time
+	LinkTarget string
+}
+
+// DestroyHook runs before a sandbox is torn down, while it is still whole
+// (exec and files work). Hooks run in order; an error is reported but does
+// not stop the destruction.
+type DestroyHook func(ctx context.Context, sb Sandbox) error
+
+// Sandbox is one live sandbox.
+type Sandbox interface {
+	Info() Info
+	// Exec starts a command. A command that cannot be started (missing
+	// binary) is not an error: it exits 127 with a message on stderr.
+	Exec(ctx context.Context, req ExecRequest) (Process, error)
+	Terminal(ctx context.Context, req TerminalRequest) (Terminal, error)
+	// ReadFile returns at most limit bytes; a larger file is ErrTooLarge.
+	ReadFile(ctx context.Context, path string, limit int64) ([]byte, FileInfo, error)
+	// WriteFile creates or replaces a file (parents created).
+	WriteFile(ctx context.Context, path string, content []byte, mode fs.FileMode) (FileInfo, error)
+	// Stat does not follow a final symlink.
+	Stat(ctx context.Context, path string) (FileInfo, error)
+	List(ctx context.Context, dir string) ([]FileInfo, error)
+	// Relocate moves an idle sandbox (a warm one) to the directory of
+	// workKey so its work tree path is the session's. Nothing may run.
+	Relocate(ctx context.Context, workKey string) error
+	// Destroy runs hooks, kills every process and removes the sandbox.
+	// Destroying twice is not an error.
+	Destroy(ctx context.Context, hooks ...DestroyHook) error
+}
+
+// Driver builds sandboxes.
+type Driver interface {
+	Name() string
+	// Create clones the repository at the base ref, runs setup and returns
+	// a ready sandbox. On error nothing is left behind.
+	Create(ctx context.Context, spec Spec) (Sandbox, error)
+}

@@ -1,0 +1,259 @@
+// Package local is the default sandbox driver: a sandbox is a directory
+// <root>/sandboxes/<work key>/{work,home} on this machine, its processes run
+// there with HOME set to home, each exec in its own process group, and with
+// egress none inside a private network namespace whose only way out is a
+// relay to the gateway.
+package local
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
+)
+
+// Options configure the local driver.
+type Options struct {
+	// Root holds the sandboxes directory (HANGAR_HOME).
+	Root string
+	// Gateway is reachable from egress-none sandboxes through a relay.
+	Gateway Gateway
+	Logger  *slog.Logger
+	// Now is the clock for CreatedAt.
+	Now func() time.Time
+}
+
+// Driver is the local driver.
+type Driver struct {
+	opts Options
+	dir  string
+
+	mu   sync.Mutex
+	keys map[string]*Sandbox // live sandboxes by directory key
+}
+
+// New returns a local driver keeping its sandboxes under opts.Root.
+func New(opts Options) (*Driver, error) {
+	if opts.Root == "" {
+		return nil, errors.New("local driver: root is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	dir := filepath.Join(opts.Root, "sandboxes")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("local driver: %w", err)
+	}
+	return &Driver{opts: opts, dir: dir, keys: map[string]*Sandbox{}}, nil
+}
+
+// Name returns "local".
+func (d *Driver) Name() string { return "local" }
+
+// Dir returns the directory holding the sandboxes.
+func (d *Driver) Dir() string { return d.dir }
+
+var keyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// ValidKey reports whether key can name a sandbox directory.
+func ValidKey(key string) bool { return keyPattern.MatchString(key) && !strings.Contains(key, "..") }
+
+func (d *Driver) claimKey(key string, sb *Sandbox) error {
+	if !ValidKey(key) {
+		return fmt.Errorf("invalid work key %q", key)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.keys[key]; ok {
+		return fmt.Errorf("%w: %q", driver.ErrInUse, key)
+	}
+	d.keys[key] = sb
+	return nil
+}
+
+func (d *Driver) releaseKey(key string, sb *Sandbox) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.keys[key] == sb {
+		delete(d.keys, key)
+	}
+}
+
+// Create clones the repository, runs setup and returns the sandbox.
+func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Sandbox, error) {
+	if spec.ID == "" {
+		return nil, errors.New("local driver: spec.ID is required")
+	}
+	key := spec.WorkKey
+	if key == "" {
+		key = spec.ID
+	}
+	sb := &Sandbox{d: d, spec: spec, procs: map[int]struct{}{}}
+	if err := d.claimKey(key, sb); err != nil {
+		return nil, err
+	}
+	sb.key = key
+	sb.dir = filepath.Join(d.dir, key)
+	ok := false
+	defer func() {
+		if !ok {
+			sb.teardown()
+		}
+	}()
+	// A leftover directory of a sandbox from an earlier run is stale: the
+	// session restores from its checkpoint, never from a leftover tree.
+	if err := os.RemoveAll(sb.dir); err != nil {
+		return nil, fmt.Errorf("remove stale sandbox dir: %w", err)
+	}
+	for _, p := range []string{sb.workDir(), sb.homeDir()} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if spec.Egress == driver.EgressNone {
+		ns, err := newNetNS()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", driver.ErrEgressUnsupported, err)
+		}
+		sb.ns = ns
+		if gw := d.opts.Gateway; gw.Listen != "" {
+			var ln net.Listener
+			err := ns.Do(func() error {
+				var err error
+				ln, err = net.Listen("tcp", gw.Listen)
+				return err
+			})
+			if err != nil {
+				return nil, fmt.Errorf("gateway relay listen: %w", err)
+			}
+			sb.relay = startRelay(ln, gw, d.opts.Logger)
+		}
+	}
+	commit, err := sb.clone(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sb.baseCommit = commit
+	for _, cmd := range spec.Setup {
+		if err := sb.runSetup(ctx, cmd); err != nil {
+			return nil, err
+		}
+	}
+	sb.createdAt = d.opts.Now()
+	ok = true
+	return sb, nil
+}
+
+func (sb *Sandbox) clone(ctx context.Context) (string, error) {
+	repo := sb.spec.Repository
+	if repo == "" {
+		return "", errors.New("repository is required")
+	}
+	if _, err := git(ctx, "", "clone", "--quiet", "--no-checkout", "--", repo, sb.workDir()); err != nil {
+		return "", err
+	}
+	ref := sb.spec.BaseRef
+	if ref == "" {
+		ref = "HEAD"
+	}
+	var commit string
+	for _, cand := range []string{ref, "origin/" + ref} {
+		out, err := git(ctx, sb.workDir(), "rev-parse", "--verify", "--quiet", cand+"^{commit}")
+		if err == nil {
+			commit = strings.TrimSpace(out)
+			break
+		}
+	}
+	if commit == "" {
+		// A commit no branch reaches: fetch it by name.
+		if _, err := git(ctx, sb.workDir(), "fetch", "--quiet", "origin", ref); err == nil {
+			if out, err := git(ctx, sb.workDir(), "rev-parse", "--verify", "--quiet", "FETCH_HEAD^{commit}"); err == nil {
+				commit = strings.TrimSpace(out)
+			}
+		}
+	}
+	if commit == "" {
+		return "", fmt.Errorf("base ref %q not found in %s", ref, repo)
+	}
+	if _, err := git(ctx, sb.workDir(), "checkout", "--quiet", "--detach", commit); err != nil {
+		return "", err
+	}
+	return commit, nil
+}
+
+func git(ctx context.Context, dir string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "LC_ALL=C")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(tail(errb.String(), 2048)))
+	}
+	return out.String(), nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// runSetup runs one setup command. Setup runs with the host's network even
+// under egress none: it is the environment's trusted preparation (package
+// installs), while egress limits what the agent's processes reach.
+func (sb *Sandbox) runSetup(ctx context.Context, command string) error {
+	var out limitedBuffer
+	p, err := sb.start(ctx, driver.ExecRequest{Argv: []string{"sh", "-c", command}, Stdout: &out, Stderr: &out}, false, false)
+	if err != nil {
+		return fmt.Errorf("setup %q: %w", command, err)
+	}
+	st, err := p.Wait()
+	if err != nil {
+		return fmt.Errorf("setup %q: %w", command, err)
+	}
+	if st.Code != 0 || st.Signal != "" {
+		return fmt.Errorf("setup %q exited %d%s: %s", command, st.Code, st.Signal, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// limitedBuffer keeps the last 4 KiB written to it.
+type limitedBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if len(b.buf) > 4096 {
+		b.buf = b.buf[len(b.buf)-4096:]
+	}
+	return len(p), nil
+}
+
+func (b *limitedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}
+
+var _ io.Writer = (*limitedBuffer)(nil)

@@ -1,0 +1,511 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
+)
+
+// Sandbox is a local sandbox.
+type Sandbox struct {
+	d          *Driver
+	spec       driver.Spec
+	ns         *netNS // nil with egress full
+	relay      *relay
+	baseCommit string
+	createdAt  time.Time
+
+	mu        sync.Mutex
+	key       string
+	dir       string
+	procs     map[int]struct{} // process groups started here
+	running   int
+	destroyed bool
+}
+
+// waitDelay bounds how long Wait waits for output pipes held open by
+// children the command left running after it exited.
+const waitDelay = 2 * time.Second
+
+func (sb *Sandbox) workDir() string { return filepath.Join(sb.dir, "work") }
+func (sb *Sandbox) homeDir() string { return filepath.Join(sb.dir, "home") }
+
+// Info describes the sandbox.
+func (sb *Sandbox) Info() driver.Info {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return driver.Info{
+		ID: sb.spec.ID, WorkKey: sb.key, WorkDir: sb.workDir(), HomeDir: sb.homeDir(),
+		BaseCommit: sb.baseCommit, Egress: sb.spec.Egress, CreatedAt: sb.createdAt,
+	}
+}
+
+func (sb *Sandbox) env(extra map[string]string) []string {
+	m := map[string]string{
+		"PATH":                os.Getenv("PATH"),
+		"HOME":                sb.homeDir(),
+		"USER":                "hangar",
+		"LOGNAME":             "hangar",
+		"SHELL":               "/bin/sh",
+		"LANG":                "C.UTF-8",
+		"TMPDIR":              os.TempDir(),
+		"HANGAR_SANDBOX_ID":   sb.spec.ID,
+		"HANGAR_WORK_DIR":     sb.workDir(),
+		"GIT_TERMINAL_PROMPT": "0",
+	}
+	if m["PATH"] == "" {
+		m["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+	}
+	if _, err := os.Stat("/bin/bash"); err == nil {
+		m["SHELL"] = "/bin/bash"
+	}
+	if sb.relay != nil {
+		m["HANGAR_GATEWAY_ADDR"] = sb.d.opts.Gateway.Listen
+	}
+	for k, v := range sb.spec.Env {
+		m[k] = v
+	}
+	for k, v := range extra {
+		m[k] = v
+	}
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func lookPath(argv0, dir string, env []string) (string, error) {
+	if strings.Contains(argv0, "/") {
+		p := argv0
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		st, err := os.Stat(p)
+		if err != nil {
+			return "", err
+		}
+		if st.IsDir() || st.Mode()&0o111 == 0 {
+			return "", fmt.Errorf("%s: permission denied", argv0)
+		}
+		return p, nil
+	}
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, d := range filepath.SplitList(path) {
+		p := filepath.Join(d, argv0)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", exec.ErrNotFound
+}
+
+// Exec starts a command in the sandbox.
+func (sb *Sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Process, error) {
+	return sb.start(ctx, req, true, true)
+}
+
+func (sb *Sandbox) begin() error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.destroyed {
+		return driver.ErrDestroyed
+	}
+	sb.running++
+	return nil
+}
+
+func (sb *Sandbox) end() {
+	sb.mu.Lock()
+	sb.running--
+	sb.mu.Unlock()
+}
+
+func (sb *Sandbox) trackGroup(pgid int) {
+	sb.mu.Lock()
+	sb.procs[pgid] = struct{}{}
+	sb.mu.Unlock()
+}
+
+// untrackGroupIfEmpty forgets a group with no members left (a pid is not
+// reused while it names a live group, so tracked groups are safe to kill).
+func (sb *Sandbox) untrackGroupIfEmpty(pgid int) {
+	if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
+		sb.mu.Lock()
+		delete(sb.procs, pgid)
+		sb.mu.Unlock()
+	}
+}
+
+func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, guard bool) (driver.Process, error) {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, errors.New("empty command")
+	}
+	if guard {
+		if err := sb.begin(); err != nil {
+			return nil, err
+		}
+	}
+	done := func() {
+		if guard {
+			sb.end()
+		}
+	}
+	dir, err := sb.resolveDir(req.Dir)
+	if err != nil {
+		done()
+		return nil, err
+	}
+	env := sb.env(req.Env)
+	path, err := lookPath(req.Argv[0], dir, env)
+	if err != nil {
+		done()
+		msg := fmt.Sprintf("hangar: %s: command not found\n", req.Argv[0])
+		code := 127
+		if !errors.Is(err, exec.ErrNotFound) && !errors.Is(err, fs.ErrNotExist) {
+			msg, code = fmt.Sprintf("hangar: %s: cannot execute: %v\n", req.Argv[0], err), 126
+		}
+		if req.Stderr != nil {
+			_, _ = io.WriteString(req.Stderr, msg)
+		}
+		return exited{driver.ExitStatus{Code: code}}, nil
+	}
+	cmd := exec.Command(path, req.Argv[1:]...)
+	cmd.Args[0] = req.Argv[0]
+	cmd.Dir = dir
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stdout, cmd.Stderr = req.Stdout, req.Stderr
+	cmd.WaitDelay = waitDelay
+	var stdinW *os.File
+	if req.Stdin != nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			done()
+			return nil, err
+		}
+		cmd.Stdin, stdinW = r, w
+	}
+	startFn := cmd.Start
+	if useNS && sb.ns != nil {
+		startFn = func() error { return sb.ns.Do(cmd.Start) }
+	}
+	err = startFn()
+	if f, ok := cmd.Stdin.(*os.File); ok {
+		f.Close()
+	}
+	if err != nil {
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		done()
+		return nil, fmt.Errorf("start %s: %w", req.Argv[0], err)
+	}
+	pgid := cmd.Process.Pid
+	sb.trackGroup(pgid)
+	if stdinW != nil {
+		go func() {
+			_, _ = io.Copy(stdinW, req.Stdin)
+			stdinW.Close()
+		}()
+	}
+	p := &process{cmd: cmd, pgid: pgid, waited: make(chan struct{})}
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		case <-p.waited:
+		}
+	}()
+	go func() {
+		p.err = cmd.Wait()
+		sb.untrackGroupIfEmpty(pgid)
+		if stdinW != nil {
+			stdinW.Close()
+		}
+		done()
+		close(p.waited)
+	}()
+	return p, nil
+}
+
+type exited struct{ st driver.ExitStatus }
+
+func (e exited) Signal(os.Signal) error           { return nil }
+func (e exited) Wait() (driver.ExitStatus, error) { return e.st, nil }
+
+type process struct {
+	cmd    *exec.Cmd
+	pgid   int
+	waited chan struct{}
+	err    error
+}
+
+func (p *process) Signal(sig os.Signal) error {
+	s, ok := sig.(syscall.Signal)
+	if !ok {
+		return fmt.Errorf("unsupported signal %v", sig)
+	}
+	err := syscall.Kill(-p.pgid, s)
+	if errors.Is(err, syscall.ESRCH) {
+		return nil
+	}
+	return err
+}
+
+func (p *process) Wait() (driver.ExitStatus, error) {
+	<-p.waited
+	return exitStatus(p.cmd.ProcessState, p.err)
+}
+
+func exitStatus(ps *os.ProcessState, waitErr error) (driver.ExitStatus, error) {
+	if ps == nil {
+		return driver.ExitStatus{}, waitErr
+	}
+	ws, _ := ps.Sys().(syscall.WaitStatus)
+	if ws.Signaled() {
+		return driver.ExitStatus{Code: 128 + int(ws.Signal()), Signal: SignalName(ws.Signal())}, nil
+	}
+	// An ExitError or ErrWaitDelay after the process exited is not a
+	// failure of the exec itself.
+	return driver.ExitStatus{Code: ps.ExitCode()}, nil
+}
+
+// SignalName returns "KILL" for SIGKILL.
+func SignalName(s syscall.Signal) string {
+	return strings.TrimPrefix(unix.SignalName(s), "SIG")
+}
+
+// ParseSignal accepts "TERM", "SIGTERM" or a number.
+func ParseSignal(name string) (syscall.Signal, error) {
+	n := strings.ToUpper(strings.TrimSpace(name))
+	if !strings.HasPrefix(n, "SIG") {
+		n = "SIG" + n
+	}
+	if s := unix.SignalNum(n); s != 0 {
+		return s, nil
+	}
+	var num int
+	if _, err := fmt.Sscanf(name, "%d", &num); err == nil && num > 0 && num < 65 {
+		return syscall.Signal(num), nil
+	}
+	return 0, fmt.Errorf("unknown signal %q", name)
+}
+
+// Terminal starts a process on a new pty in its own session.
+func (sb *Sandbox) Terminal(ctx context.Context, req driver.TerminalRequest) (driver.Terminal, error) {
+	if err := sb.begin(); err != nil {
+		return nil, err
+	}
+	argv := req.Argv
+	env := sb.env(req.Env)
+	hasTerm := false
+	for _, kv := range env {
+		hasTerm = hasTerm || strings.HasPrefix(kv, "TERM=")
+	}
+	if !hasTerm {
+		env = append(env, "TERM=xterm-256color")
+	}
+	if len(argv) == 0 {
+		sh := "/bin/sh"
+		if _, err := os.Stat("/bin/bash"); err == nil {
+			sh = "/bin/bash"
+		}
+		argv = []string{sh, "-i"}
+	}
+	path, err := lookPath(argv[0], sb.workDir(), env)
+	if err != nil {
+		sb.end()
+		return nil, fmt.Errorf("terminal %s: %w", argv[0], err)
+	}
+	cmd := exec.Command(path, argv[1:]...)
+	cmd.Args[0] = argv[0]
+	cmd.Dir = sb.workDir()
+	cmd.Env = env
+	size := &pty.Winsize{Rows: req.Rows, Cols: req.Cols}
+	if size.Rows == 0 || size.Cols == 0 {
+		size.Rows, size.Cols = 24, 80
+	}
+	var ptmx *os.File
+	startFn := func() error {
+		var err error
+		ptmx, err = pty.StartWithAttrs(cmd, size, &syscall.SysProcAttr{Setsid: true, Setctty: true})
+		return err
+	}
+	if sb.ns != nil {
+		err = sb.ns.Do(startFn)
+	} else {
+		err = startFn()
+	}
+	if err != nil {
+		sb.end()
+		return nil, fmt.Errorf("terminal start: %w", err)
+	}
+	pgid := cmd.Process.Pid
+	sb.trackGroup(pgid)
+	t := &terminal{ptmx: ptmx, cmd: cmd, pgid: pgid, waited: make(chan struct{})}
+	go func() {
+		t.err = cmd.Wait()
+		sb.untrackGroupIfEmpty(pgid)
+		sb.end()
+		close(t.waited)
+	}()
+	return t, nil
+}
+
+type terminal struct {
+	ptmx   *os.File
+	cmd    *exec.Cmd
+	pgid   int
+	waited chan struct{}
+	err    error
+	once   sync.Once
+}
+
+// Read returns io.EOF once the process is gone (the pty reports EIO).
+func (t *terminal) Read(p []byte) (int, error) {
+	n, err := t.ptmx.Read(p)
+	if err != nil && (errors.Is(err, syscall.EIO) || errors.Is(err, os.ErrClosed)) {
+		err = io.EOF
+	}
+	return n, err
+}
+
+func (t *terminal) Write(p []byte) (int, error) { return t.ptmx.Write(p) }
+
+func (t *terminal) Resize(rows, cols uint16) error {
+	return pty.Setsize(t.ptmx, &pty.Winsize{Rows: rows, Cols: cols})
+}
+
+func (t *terminal) Wait() (driver.ExitStatus, error) {
+	<-t.waited
+	return exitStatus(t.cmd.ProcessState, t.err)
+}
+
+func (t *terminal) Kill() error {
+	_ = syscall.Kill(-t.pgid, syscall.SIGKILL)
+	var err error
+	t.once.Do(func() { err = t.ptmx.Close() })
+	return err
+}
+
+// Relocate moves an idle sandbox to the directory of workKey.
+func (sb *Sandbox) Relocate(ctx context.Context, workKey string) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.destroyed {
+		return driver.ErrDestroyed
+	}
+	if workKey == sb.key {
+		return nil
+	}
+	if sb.running > 0 {
+		return errors.New("relocate: processes are running")
+	}
+	if err := sb.d.claimKey(workKey, sb); err != nil {
+		return err
+	}
+	newDir := filepath.Join(sb.d.dir, workKey)
+	if err := os.RemoveAll(newDir); err != nil {
+		sb.d.releaseKey(workKey, sb)
+		return err
+	}
+	if err := os.Rename(sb.dir, newDir); err != nil {
+		sb.d.releaseKey(workKey, sb)
+		return fmt.Errorf("relocate: %w", err)
+	}
+	sb.d.releaseKey(sb.key, sb)
+	sb.key, sb.dir = workKey, newDir
+	return nil
+}
+
+// Destroy runs hooks, kills every process and removes the directory.
+func (sb *Sandbox) Destroy(ctx context.Context, hooks ...driver.DestroyHook) error {
+	sb.mu.Lock()
+	if sb.destroyed {
+		sb.mu.Unlock()
+		return nil
+	}
+	sb.mu.Unlock()
+	var errs []error
+	for _, h := range hooks {
+		if err := h(ctx, sb); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	sb.mu.Lock()
+	if sb.destroyed {
+		sb.mu.Unlock()
+		return errors.Join(errs...)
+	}
+	sb.destroyed = true
+	sb.mu.Unlock()
+	if err := sb.teardown(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (sb *Sandbox) teardown() error {
+	sb.mu.Lock()
+	sb.destroyed = true
+	groups := make([]int, 0, len(sb.procs))
+	for g := range sb.procs {
+		groups = append(groups, g)
+	}
+	dir, key := sb.dir, sb.key
+	sb.mu.Unlock()
+	for _, g := range groups {
+		_ = syscall.Kill(-g, syscall.SIGKILL)
+	}
+	if sb.relay != nil {
+		_ = sb.relay.Close()
+	}
+	if sb.ns != nil {
+		_ = sb.ns.Close()
+	}
+	var err error
+	if dir != "" {
+		err = removeAll(dir)
+	}
+	if key != "" {
+		sb.d.releaseKey(key, sb)
+	}
+	return err
+}
+
+// removeAll removes dir, first making directories writable if a process
+// left one read-only.
+func removeAll(dir string) error {
+	if err := os.RemoveAll(dir); err == nil {
+		return nil
+	}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			_ = os.Chmod(p, 0o755)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
+}
