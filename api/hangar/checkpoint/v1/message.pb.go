@@ -101,6 +101,9 @@ const (
 	PartKind_PART_KIND_UNTRACKED PartKind = 4
 	// The harness's conversation files, restored at the same paths.
 	PartKind_PART_KIND_CONVERSATION PartKind = 5
+	// The session's work as one patch against the base commit (commits,
+	// uncommitted and untracked changes), so `session patch` needs no sandbox.
+	PartKind_PART_KIND_PATCH PartKind = 6
 )
 
 // Enum value maps for PartKind.
@@ -112,6 +115,7 @@ var (
 		3: "PART_KIND_INDEX",
 		4: "PART_KIND_UNTRACKED",
 		5: "PART_KIND_CONVERSATION",
+		6: "PART_KIND_PATCH",
 	}
 	PartKind_value = map[string]int32{
 		"PART_KIND_UNSPECIFIED":  0,
@@ -120,6 +124,7 @@ var (
 		"PART_KIND_INDEX":        3,
 		"PART_KIND_UNTRACKED":    4,
 		"PART_KIND_CONVERSATION": 5,
+		"PART_KIND_PATCH":        6,
 	}
 )
 
@@ -539,14 +544,15 @@ const file_hangar_checkpoint_v1_message_proto_rawDesc = "" +
 	"\x19CHECKPOINT_REASON_SUSPEND\x10\x03\x12$\n" +
 	" CHECKPOINT_REASON_BEFORE_DESTROY\x10\x04\x12\x1a\n" +
 	"\x16CHECKPOINT_REASON_FORK\x10\x05\x12\x1c\n" +
-	"\x18CHECKPOINT_REASON_MANUAL\x10\x06*\x99\x01\n" +
+	"\x18CHECKPOINT_REASON_MANUAL\x10\x06*\xae\x01\n" +
 	"\bPartKind\x12\x19\n" +
 	"\x15PART_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10PART_KIND_BUNDLE\x10\x01\x12\x12\n" +
 	"\x0ePART_KIND_DIFF\x10\x02\x12\x13\n" +
 	"\x0fPART_KIND_INDEX\x10\x03\x12\x17\n" +
 	"\x13PART_KIND_UNTRACKED\x10\x04\x12\x1a\n" +
-	"\x16PART_KIND_CONVERSATION\x10\x05BDZBgithub.com/hangar-dev/hangar/api/hangar/checkpoint/v1;checkpointv1b\x06proto3"
+	"\x16PART_KIND_CONVERSATION\x10\x05\x12\x13\n" +
+	"\x0fPART_KIND_PATCH\x10\x06BDZBgithub.com/hangar-dev/hangar/api/hangar/checkpoint/v1;checkpointv1b\x06proto3"
 
 var (
 	file_hangar_checkpoint_v1_message_proto_rawDescOnce sync.Once
