@@ -1,38 +1,130 @@
-// Package app wires session-svc: its configuration, its gRPC services and
-// their REST routes. cmd/session-svc runs it alone; `hangar up` runs it in
-// one process with the other services.
+// Package app wires session-svc: its configuration, its records (SQLite or
+// PostgreSQL), holds (Redis), the clients of the sandbox, checkpoint and
+// gateway services, the session lifecycle and its gRPC and REST API.
+// cmd/session-svc runs it alone; `hangar up` runs it in one process with the
+// other services.
 package app
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"time"
 
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/api/openapi"
+	"github.com/hangar-dev/hangar/platform/blob"
+	"github.com/hangar-dev/hangar/platform/logging"
+	"github.com/hangar-dev/hangar/platform/redisconn"
+	"github.com/hangar-dev/hangar/platform/rpc"
 	"github.com/hangar-dev/hangar/platform/service"
+	"github.com/hangar-dev/hangar/session-svc/internal/harness"
+	"github.com/hangar-dev/hangar/session-svc/internal/holds"
 	"github.com/hangar-dev/hangar/session-svc/internal/server"
+	"github.com/hangar-dev/hangar/session-svc/internal/sessions"
+	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
 // Name is the service's name in logs, traces and metrics.
 const Name = "session-svc"
 
+// callTimeout bounds calls to the other services that come without a
+// deadline: a cold sandbox or a checkpoint of a large tree takes minutes.
+const callTimeout = 15 * time.Minute
+
 // App is a configured session-svc, ready to serve.
 type App struct {
-	svc *service.Service
+	svc     *service.Service
+	manager *sessions.Manager
+	closers []func() error
 }
 
 // New builds the service from cfg. logger may be nil.
-func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
-	svc, err := service.New(ctx, service.Options{
+func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err error) {
+	if logger == nil {
+		logger = logging.New(os.Stderr, cfg.LogLevel, cfg.LogFormat)
+	}
+	a := &App{}
+	defer func() {
+		if err != nil {
+			a.close()
+		}
+	}()
+	records, err := store.Open(ctx, store.Options{DatabaseURL: cfg.DatabaseURL, SQLitePath: filepath.Join(cfg.Home, "sessions.db")})
+	if err != nil {
+		if cfg.DatabaseURL != "" {
+			return nil, fmt.Errorf("HANGAR_DATABASE_URL: cannot open the session database: %w", err)
+		}
+		return nil, fmt.Errorf("HANGAR_HOME=%s: cannot open the session database: %w", cfg.Home, err)
+	}
+	a.closers = append(a.closers, records.Close)
+	redis, err := redisconn.Open(ctx, cfg.RedisURL, logger)
+	if err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, redis.Close)
+	artifacts, err := blob.NewDir(filepath.Join(cfg.Home, "artifacts"))
+	if err != nil {
+		return nil, fmt.Errorf("HANGAR_HOME=%s: cannot use the artifact directory: %w", cfg.Home, err)
+	}
+	dial := func(addr, variable string) (*grpc.ClientConn, error) {
+		conn, err := rpc.Dial(addr, rpc.ClientOptions{Token: cfg.Token, DefaultTimeout: callTimeout})
+		if err != nil {
+			return nil, fmt.Errorf("%s=%s: %w", variable, addr, err)
+		}
+		a.closers = append(a.closers, conn.Close)
+		return conn, nil
+	}
+	sandboxConn, err := dial(cfg.SandboxAddr, "HANGAR_SANDBOX_ADDR")
+	if err != nil {
+		return nil, err
+	}
+	checkpointConn, err := dial(cfg.CheckpointAddr, "HANGAR_CHECKPOINT_ADDR")
+	if err != nil {
+		return nil, err
+	}
+	gatewayConn, err := dial(cfg.GatewayAddr, "HANGAR_GATEWAY_ADDR")
+	if err != nil {
+		return nil, err
+	}
+	holdStore := holds.New(redis.Client, "hangar:session:holds:", time.Now)
+	a.manager = sessions.New(sessions.Deps{
+		Store:       records,
+		Holds:       holdStore,
+		Sandboxes:   sandboxv1.NewSandboxServiceClient(sandboxConn),
+		Checkpoints: checkpointv1.NewCheckpointServiceClient(checkpointConn),
+		Gateway:     gatewayv1.NewGatewayServiceClient(gatewayConn),
+		Artifacts:   artifacts,
+		Logger:      logger.With("service", Name),
+		Now:         time.Now,
+		Config: sessions.Config{
+			IdleMinutes:       cfg.IdleMinutes,
+			CheckpointMinutes: cfg.CheckpointMinutes,
+			TurnTimeout:       time.Duration(cfg.TurnTimeoutMinutes) * time.Minute,
+			Cache:             cfg.Cache,
+			Harnesses: harness.Options{
+				ClaudeBin: cfg.ClaudeBin, CodexBin: cfg.CodexBin, PiBin: cfg.PiBin, PiNodeBinDir: cfg.PiNodeBinDir,
+			},
+		},
+	})
+	sessionsServer := server.New(a.manager, records, holdStore)
+	a.svc, err = service.New(ctx, service.Options{
 		Name:   Name,
 		Common: cfg.Common,
 		Logger: logger,
 		Register: func(s *grpc.Server) {
-			sessionv1.RegisterSessionServiceServer(s, &server.Sessions{})
+			sessionv1.RegisterSessionServiceServer(s, sessionsServer)
 			sessionv1.RegisterJobServiceServer(s, &server.Jobs{})
 		},
 		Gateways: []service.Gateway{
@@ -44,11 +136,36 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &App{svc: svc}, nil
+	return a, nil
+}
+
+func (a *App) close() error {
+	var errs []error
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		errs = append(errs, a.closers[i]())
+	}
+	a.closers = nil
+	return errors.Join(errs...)
 }
 
 // Handler serves gRPC and REST in-process (for a front door).
 func (a *App) Handler() http.Handler { return a.svc.Handler() }
 
-// Run serves on lis until ctx ends.
-func (a *App) Run(ctx context.Context, lis net.Listener) error { return a.svc.Serve(ctx, lis) }
+// Run serves on lis and runs the idle clock, periodic checkpoints and
+// destroy hooks until ctx ends; then running turns end (interrupted,
+// checkpointed) and resources are released.
+func (a *App) Run(ctx context.Context, lis net.Listener) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.svc.Serve(gctx, lis) })
+	g.Go(func() error { return a.manager.Run(gctx, nil) })
+	err := g.Wait()
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if cerr := a.manager.Close(closeCtx); cerr != nil {
+		a.svc.Logger().WarnContext(ctx, "turns did not end in time", "error", cerr)
+	}
+	if cerr := a.close(); cerr != nil {
+		a.svc.Logger().WarnContext(ctx, "session-svc resources not released", "error", cerr)
+	}
+	return err
+}

@@ -29,6 +29,13 @@ type Config struct {
 	TurnTimeoutMinutes  int    `env:"HANGAR_SESSION_TURN_TIMEOUT_MINUTES" flag:"session-turn-timeout-minutes" default:"120" min:"1" unit:"minutes" help:"longest a turn may run"`
 	HarnessRepo         string `env:"HANGAR_HARNESS_REPO" flag:"harness-repo" help:"repository of harness locks (harnesses.lock.yaml)"`
 	HarnessDrift        string `env:"HANGAR_HARNESS_DRIFT" flag:"harness-drift" default:"warn" oneof:"warn|fail" help:"what a thawed session's turn 1 does on drift"`
+
+	// Where the agent CLIs are, as a sandbox sees them (the local driver
+	// shares the host's filesystem; .ci/install-harnesses prints these).
+	ClaudeBin    string `env:"HANGAR_CLAUDE_BIN" flag:"claude-bin" default:"claude" help:"Claude Code binary in sandboxes"`
+	CodexBin     string `env:"HANGAR_CODEX_BIN" flag:"codex-bin" default:"codex" help:"Codex binary in sandboxes"`
+	PiBin        string `env:"HANGAR_PI_BIN" flag:"pi-bin" default:"pi" help:"pi binary in sandboxes"`
+	PiNodeBinDir string `env:"HANGAR_PI_NODE_BIN_DIR" flag:"pi-node-bin-dir" help:"directory of a Node >= 22.19 for pi, put first on its PATH"`
 }
 
 // LoadConfig reads the configuration from args and the environment.

@@ -1,0 +1,179 @@
+package sessions
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"path"
+	"time"
+
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/session-svc/internal/store"
+)
+
+// subscriber is this service's name for destroy notices.
+const subscriber = "session-svc"
+
+// Run runs the background work until ctx ends: the idle clock (suspend
+// sessions idle past their idle time with nothing holding them), periodic
+// checkpoints while something changes, and checkpoints before any of our
+// sandboxes is destroyed. tick, when set, replaces the real ticker (tests
+// drive the clock and the ticks themselves).
+func (m *Manager) Run(ctx context.Context, tick <-chan time.Time) error {
+	if tick == nil {
+		ticker := time.NewTicker(m.cfg.ReapInterval)
+		defer ticker.Stop()
+		tick = ticker.C
+	}
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		m.watchDestroys(ctx)
+	}()
+	defer func() { <-watchDone }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick:
+			m.Sweep(ctx)
+		}
+	}
+}
+
+// Sweep does one round of the idle clock and the periodic checkpoints.
+func (m *Manager) Sweep(ctx context.Context) {
+	sessions, err := m.d.Store.ListSessionsByState(ctx, store.StateIdle, store.StateNeedsInput)
+	if err != nil {
+		m.log.WarnContext(ctx, "idle sweep could not list sessions", "error", err)
+		return
+	}
+	now := m.now()
+	for _, s := range sessions {
+		if s.SandboxID == "" {
+			continue
+		}
+		at, err := m.SuspendAt(ctx, s)
+		if err != nil {
+			m.log.WarnContext(ctx, "idle clock unreadable", "session", s.Name, "error", err)
+			continue
+		}
+		if !at.IsZero() && !now.Before(at) {
+			reason := fmt.Sprintf("idle for %d minutes", m.idleMinutes(s))
+			if _, err := m.Suspend(ctx, s.Name, reason); err != nil {
+				m.log.WarnContext(ctx, "idle suspend failed", "session", s.Name, "error", err)
+			}
+			continue
+		}
+		m.periodicCheckpoint(ctx, s, now)
+	}
+}
+
+// periodicCheckpoint checkpoints an up session every CheckpointMinutes; the
+// checkpoint service reuses the previous checkpoint when nothing changed.
+func (m *Manager) periodicCheckpoint(ctx context.Context, s *store.Session, now time.Time) {
+	cps, err := m.Checkpoints(ctx, s.Name)
+	if err != nil {
+		return
+	}
+	if len(cps) > 0 && now.Sub(cps[0].GetCreatedAt().AsTime()) < time.Duration(m.cfg.CheckpointMinutes)*time.Minute {
+		return
+	}
+	if _, err := m.checkpoint(ctx, s, 0, "periodic", 0); err != nil {
+		m.log.WarnContext(ctx, "periodic checkpoint failed", "session", s.Name, "error", err)
+	}
+}
+
+// watchDestroys subscribes to the sandbox service's destroy notices and
+// checkpoints a session before its sandbox goes, whatever the reason
+// (release, lease expiry, pool shrink, shutdown). It resubscribes until ctx
+// ends.
+func (m *Manager) watchDestroys(ctx context.Context) {
+	for ctx.Err() == nil {
+		stream, err := m.d.Sandboxes.WatchDestroys(ctx, &sandboxv1.WatchDestroysRequest{Subscriber: subscriber})
+		if err == nil {
+			for {
+				resp, err := stream.Recv()
+				if err != nil {
+					break
+				}
+				m.onDestroy(ctx, resp.GetNotice())
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// onDestroy handles one destroy notice, then acks it.
+func (m *Manager) onDestroy(ctx context.Context, n *sandboxv1.DestroyNotice) {
+	defer func() {
+		if _, err := m.d.Sandboxes.AckDestroy(context.WithoutCancel(ctx), &sandboxv1.AckDestroyRequest{NoticeId: n.GetNoticeId(), Subscriber: subscriber}); err != nil {
+			m.log.WarnContext(ctx, "destroy notice not acked", "sandbox", n.GetSandboxId(), "error", err)
+		}
+	}()
+	name, ok := sessionOfHolder(n.GetHolder())
+	if !ok {
+		return
+	}
+	s, err := m.d.Store.GetSession(ctx, name)
+	if err != nil || s.SandboxID != n.GetSandboxId() {
+		// Not ours any more (we released it after our own checkpoint).
+		return
+	}
+	deadline := n.GetDeadline().AsTime()
+	cctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if _, err := m.checkpoint(cctx, s, 0, "before_destroy", n.GetFencingToken()); err != nil {
+		m.log.ErrorContext(ctx, "checkpoint before destroy failed", "session", name, "sandbox", n.GetSandboxId(), "error", err)
+	}
+	m.dropLease(name)
+	if _, err := m.clearSandbox(ctx, name); err != nil {
+		m.log.WarnContext(ctx, "sandbox not forgotten", "session", name, "error", err)
+		return
+	}
+	m.mu.Lock()
+	delete(m.sandboxes, n.GetSandboxId())
+	running := m.turns[name] != nil
+	m.mu.Unlock()
+	if !running {
+		reason := "sandbox destroyed (" + destroyReason(n.GetReason()) + ")"
+		if _, err := m.transition(ctx, name, store.StateSuspended, reason, store.StateIdle, store.StateNeedsInput, store.StateFailed); err != nil && !errors.Is(err, context.Canceled) {
+			m.log.WarnContext(ctx, "session not suspended after destroy", "session", name, "error", err)
+		}
+	}
+}
+
+func destroyReason(r sandboxv1.DestroyReason) string {
+	switch r {
+	case sandboxv1.DestroyReason_DESTROY_REASON_RELEASE:
+		return "released"
+	case sandboxv1.DestroyReason_DESTROY_REASON_LEASE_EXPIRED:
+		return "lease expired"
+	case sandboxv1.DestroyReason_DESTROY_REASON_POOL_SHRINK:
+		return "pool shrink"
+	case sandboxv1.DestroyReason_DESTROY_REASON_SHUTDOWN:
+		return "shutdown"
+	default:
+		return "failed"
+	}
+}
+
+func contentType(name string, content []byte) string {
+	if t := mime.TypeByExtension(path.Ext(name)); t != "" {
+		return t
+	}
+	return http.DetectContentType(content)
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

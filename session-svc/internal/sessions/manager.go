@@ -1,0 +1,224 @@
+// Package sessions is the session lifecycle: it creates sessions, runs their
+// turns in sandboxes through the sandbox service, points the agent CLI at
+// the gateway with a run token, checkpoints through the checkpoint service,
+// suspends idle sessions and resumes them on the next message.
+//
+// Every state change goes through store.Transition with the states it may
+// come from, so two callers (a send and the idle reaper, or two replicas)
+// can't both act on one session: the loser gets a FailedPrecondition.
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync"
+	"time"
+
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/platform/blob"
+	"github.com/hangar-dev/hangar/platform/fault"
+	"github.com/hangar-dev/hangar/session-svc/internal/harness"
+	"github.com/hangar-dev/hangar/session-svc/internal/holds"
+	"github.com/hangar-dev/hangar/session-svc/internal/store"
+)
+
+// Config holds the lifecycle's settings (spec: the settings table).
+type Config struct {
+	// IdleMinutes is the default idle time before suspending (0 = never).
+	IdleMinutes int
+	// CheckpointMinutes is the period of checkpoints while something changes.
+	CheckpointMinutes int
+	// TurnTimeout bounds a turn without its own --max-minutes.
+	TurnTimeout time.Duration
+	// Cache is the default prompt-cache TTL (auto, 5m, 1h, off).
+	Cache string
+	// Harnesses says where the agent CLIs are inside a sandbox.
+	Harnesses harness.Options
+	// ReapInterval is how often idle sessions are looked for (default 30s).
+	ReapInterval time.Duration
+	// LeaseTTL is the sandbox lease's TTL; it is renewed at a third of it.
+	LeaseTTL time.Duration
+}
+
+// Deps are the lifecycle's collaborators.
+type Deps struct {
+	Store       *store.Store
+	Holds       *holds.Holds
+	Sandboxes   sandboxv1.SandboxServiceClient
+	Checkpoints checkpointv1.CheckpointServiceClient
+	Gateway     gatewayv1.GatewayServiceClient
+	// Artifacts keeps the files agents hand back.
+	Artifacts blob.Store
+	Logger    *slog.Logger
+	Now       func() time.Time
+	Config    Config
+}
+
+// Manager runs sessions.
+type Manager struct {
+	d   Deps
+	cfg Config
+	log *slog.Logger
+	now func() time.Time
+
+	events *broadcaster
+
+	mu sync.Mutex
+	// turns are the turns running in this process, by session.
+	turns map[string]*activeTurn
+	// leases renew the sandboxes this process holds, by session.
+	leases map[string]*leaseKeeper
+	// sandboxes caches the paths of sandboxes this process acquired.
+	sandboxes map[string]*sandboxv1.Sandbox
+
+	wg sync.WaitGroup
+	// background is the context turns run in: it outlives the request that
+	// started them and ends with Close.
+	background context.Context
+	stop       context.CancelFunc
+}
+
+// activeTurn is a running turn's handle, for interrupt and steer.
+type activeTurn struct {
+	number int
+	runID  string
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+}
+
+// errInterrupted is the cause a turn is cancelled with by interrupt.
+var errInterrupted = errors.New("interrupted")
+
+// New returns a Manager. Call Run to start its background loops and Close to
+// stop it.
+func New(d Deps) *Manager {
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg := d.Config
+	if cfg.ReapInterval <= 0 {
+		cfg.ReapInterval = 30 * time.Second
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 60 * time.Second
+	}
+	if cfg.TurnTimeout <= 0 {
+		cfg.TurnTimeout = 120 * time.Minute
+	}
+	if cfg.CheckpointMinutes <= 0 {
+		cfg.CheckpointMinutes = 10
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Manager{
+		d: d, cfg: cfg, log: d.Logger, now: d.Now,
+		events:     newBroadcaster(),
+		turns:      map[string]*activeTurn{},
+		leases:     map[string]*leaseKeeper{},
+		sandboxes:  map[string]*sandboxv1.Sandbox{},
+		background: ctx, stop: stop,
+	}
+}
+
+// Close stops background work and waits for running turns to end (they are
+// cancelled and end as interrupted, checkpointed).
+func (m *Manager) Close(ctx context.Context) error {
+	m.stop()
+	done := make(chan struct{})
+	go func() { m.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// nameRE is a DNS label: what a session name must be.
+var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// ValidName checks a session name.
+func ValidName(field, name string) error {
+	if !nameRE.MatchString(name) {
+		return fault.InvalidArgument(field, "session name %q must be a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters", name)
+	}
+	return nil
+}
+
+// get loads a session or says it does not exist.
+func (m *Manager) get(ctx context.Context, name string) (*store.Session, error) {
+	s, err := m.d.Store.GetSession(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fault.NotFound("SESSION_NOT_FOUND", "session %q does not exist", name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load session %s: %w", name, err)
+	}
+	return s, nil
+}
+
+// Get returns a session.
+func (m *Manager) Get(ctx context.Context, name string) (*store.Session, error) {
+	if err := ValidName("name", name); err != nil {
+		return nil, err
+	}
+	return m.get(ctx, name)
+}
+
+// transition moves a session between states or says why it can't.
+func (m *Manager) transition(ctx context.Context, name, to, reason string, from ...string) (*store.Session, error) {
+	s, err := m.d.Store.Transition(ctx, name, to, reason, from...)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, fault.NotFound("SESSION_NOT_FOUND", "session %q does not exist", name)
+	case errors.Is(err, store.ErrConflict):
+		cur, gerr := m.d.Store.GetSession(ctx, name)
+		state := "another state"
+		if gerr == nil {
+			state = cur.State
+		}
+		return nil, fault.FailedPrecondition("SESSION_STATE", "session %q is %s: it can't go to %s now", name, state, to)
+	case err != nil:
+		return nil, fmt.Errorf("session %s to %s: %w", name, to, err)
+	}
+	m.events.publish(name)
+	return s, nil
+}
+
+// idleMinutes is the session's idle time.
+func (m *Manager) idleMinutes(s *store.Session) int {
+	if s.IdleMinutes != nil {
+		return *s.IdleMinutes
+	}
+	return m.cfg.IdleMinutes
+}
+
+// SuspendAt says when the idle clock will suspend s if nothing holds it:
+// zero when it never will or it is not up.
+func (m *Manager) SuspendAt(ctx context.Context, s *store.Session) (time.Time, error) {
+	idle := m.idleMinutes(s)
+	if idle == 0 || s.SandboxID == "" || (s.State != store.StateIdle && s.State != store.StateNeedsInput) {
+		return time.Time{}, nil
+	}
+	live, err := m.d.Holds.List(ctx, s.Name)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("holds of %s: %w", s.Name, err)
+	}
+	if len(live) > 0 {
+		return time.Time{}, nil
+	}
+	since := s.LastActiveAt
+	if t, ok, err := m.d.Holds.IdleSince(ctx, s.Name); err != nil {
+		return time.Time{}, fmt.Errorf("idle clock of %s: %w", s.Name, err)
+	} else if ok && t.After(since) {
+		since = t
+	}
+	return since.Add(time.Duration(idle) * time.Minute), nil
+}

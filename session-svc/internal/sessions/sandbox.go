@@ -1,0 +1,270 @@
+package sessions
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/session-svc/internal/store"
+)
+
+// holder names a session's sandbox lease, so a destroy notice can be traced
+// back to its session.
+func holder(name string) string { return "session/" + name }
+
+// sessionOfHolder is holder's inverse.
+func sessionOfHolder(h string) (string, bool) { return strings.CutPrefix(h, "session/") }
+
+// leaseKeeper renews a sandbox lease until stopped.
+type leaseKeeper struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// keepLease starts renewing the lease of s's sandbox.
+func (m *Manager) keepLease(name, sandboxID string, token uint64) {
+	ctx, cancel := context.WithCancel(m.background)
+	k := &leaseKeeper{cancel: cancel, done: make(chan struct{})}
+	m.mu.Lock()
+	if old := m.leases[name]; old != nil {
+		old.cancel()
+	}
+	m.leases[name] = k
+	m.mu.Unlock()
+	go func() {
+		defer close(k.done)
+		ticker := time.NewTicker(m.cfg.LeaseTTL / 3)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+			_, err := m.d.Sandboxes.RenewLease(ctx, &sandboxv1.RenewLeaseRequest{
+				SandboxId: sandboxID, FencingToken: token, TtlSeconds: int32(m.cfg.LeaseTTL / time.Second),
+			})
+			if err != nil && ctx.Err() == nil {
+				// A lost lease ends in a destroy notice, which checkpoints
+				// the session first; nothing more to do here.
+				m.log.WarnContext(ctx, "sandbox lease renewal failed", "session", name, "sandbox", sandboxID, "error", err)
+			}
+		}
+	}()
+}
+
+// dropLease stops renewing a session's lease.
+func (m *Manager) dropLease(name string) {
+	m.mu.Lock()
+	k := m.leases[name]
+	delete(m.leases, name)
+	m.mu.Unlock()
+	if k != nil {
+		k.cancel()
+		<-k.done
+	}
+}
+
+// sandboxOf returns the sandbox serving s (paths included).
+func (m *Manager) sandboxOf(ctx context.Context, s *store.Session) (*sandboxv1.Sandbox, error) {
+	m.mu.Lock()
+	sb := m.sandboxes[s.SandboxID]
+	m.mu.Unlock()
+	if sb != nil {
+		return sb, nil
+	}
+	resp, err := m.d.Sandboxes.GetSandbox(ctx, &sandboxv1.GetSandboxRequest{SandboxId: s.SandboxID})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s of session %s: %w", s.SandboxID, s.Name, err)
+	}
+	m.mu.Lock()
+	m.sandboxes[s.SandboxID] = resp.GetSandbox()
+	m.mu.Unlock()
+	return resp.GetSandbox(), nil
+}
+
+// boot gives a session without a sandbox one: it leases a sandbox (warm pool
+// first) with the session's work key, restores the newest checkpoint
+// (verified against its tree hash), or, for a new session, creates its
+// branch at the environment's base. It records the sandbox on the session.
+func (m *Manager) boot(ctx context.Context, s *store.Session) (*store.Session, error) {
+	acq, err := m.d.Sandboxes.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{
+		Environment: s.Environment,
+		Holder:      holder(s.Name),
+		TtlSeconds:  int32(m.cfg.LeaseTTL / time.Second),
+		WorkKey:     s.Name,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("lease a sandbox for %s: %w", s.Name, err)
+	}
+	sb, lease := acq.GetSandbox(), acq.GetLease()
+	m.mu.Lock()
+	m.sandboxes[sb.GetId()] = sb
+	m.mu.Unlock()
+	m.keepLease(s.Name, sb.GetId(), lease.GetFencingToken())
+
+	fail := func(err error) (*store.Session, error) {
+		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, sb.GetId(), lease.GetFencingToken())
+		return nil, err
+	}
+
+	checkpoints, err := m.Checkpoints(ctx, s.Name)
+	if err != nil {
+		return fail(err)
+	}
+	base := s.BaseCommit
+	if len(checkpoints) > 0 {
+		newest := checkpoints[0]
+		_, err := m.d.Checkpoints.RestoreCheckpoint(ctx, &checkpointv1.RestoreCheckpointRequest{
+			CheckpointId: newest.GetId(), SandboxId: sb.GetId(), FencingToken: lease.GetFencingToken(),
+			WorkDir: sb.GetWorkDir(), Branch: s.Branch,
+		})
+		if err != nil {
+			return fail(fmt.Errorf("restore checkpoint %s of %s: %w", newest.GetId(), s.Name, err))
+		}
+	} else {
+		if base == "" {
+			base = sb.GetBaseCommit()
+		}
+		script := `git config user.name >/dev/null || git config user.name hangar
+git config user.email >/dev/null || git config user.email hangar@localhost
+git checkout -q -B "$1"`
+		if err := m.run(ctx, sb.GetId(), lease.GetFencingToken(), []string{"sh", "-c", script, "sh", s.Branch}, nil); err != nil {
+			return fail(fmt.Errorf("create branch %s: %w", s.Branch, err))
+		}
+	}
+	if err := m.installAgentTool(ctx, sb, lease.GetFencingToken()); err != nil {
+		return fail(err)
+	}
+	updated, err := m.d.Store.UpdateSession(ctx, s.Name, func(cur *store.Session) error {
+		cur.SandboxID = sb.GetId()
+		cur.FencingToken = lease.GetFencingToken()
+		if cur.BaseCommit == "" {
+			cur.BaseCommit = base
+		}
+		return nil
+	})
+	if err != nil {
+		return fail(fmt.Errorf("record sandbox of %s: %w", s.Name, err))
+	}
+	return updated, nil
+}
+
+// releaseSandbox gives a sandbox back (it is destroyed, never pooled) and
+// forgets it.
+func (m *Manager) releaseSandbox(ctx context.Context, name, sandboxID string, token uint64) {
+	m.dropLease(name)
+	m.mu.Lock()
+	delete(m.sandboxes, sandboxID)
+	m.mu.Unlock()
+	if _, err := m.d.Sandboxes.ReleaseSandbox(ctx, &sandboxv1.ReleaseSandboxRequest{SandboxId: sandboxID, FencingToken: token}); err != nil {
+		m.log.WarnContext(ctx, "sandbox release failed", "session", name, "sandbox", sandboxID, "error", err)
+		return
+	}
+	// Destruction runs after the release returns (destroy hooks first). Wait
+	// for it: a suspended session has no sandbox, and the next boot reuses
+	// the work tree path.
+	wait, cancel := context.WithTimeout(ctx, releaseWait)
+	defer cancel()
+	for delay := 10 * time.Millisecond; ; delay = min(2*delay, 500*time.Millisecond) {
+		_, err := m.d.Sandboxes.GetSandbox(wait, &sandboxv1.GetSandboxRequest{SandboxId: sandboxID})
+		if status.Code(err) == codes.NotFound {
+			return
+		}
+		select {
+		case <-wait.Done():
+			m.log.WarnContext(ctx, "released sandbox not destroyed in time", "session", name, "sandbox", sandboxID)
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// releaseWait bounds waiting for a released sandbox to be destroyed (its
+// destroy hooks may checkpoint first).
+const releaseWait = 2 * time.Minute
+
+// run runs a command in the work tree and fails with its stderr when it
+// exits non-zero.
+func (m *Manager) run(ctx context.Context, sandboxID string, token uint64, argv []string, stdout *bytes.Buffer) error {
+	var stderr bytes.Buffer
+	var out io.Writer = io.Discard
+	if stdout != nil {
+		out = stdout
+	}
+	code, err := sandboxexec.New(m.d.Sandboxes).Exec(ctx, sandboxID, token, argv, nil, "", nil, out, &stderr)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return fmt.Errorf("%s exited %d: %s", argv[0], code, strings.TrimSpace(lastLines(stderr.String(), 5)))
+	}
+	return nil
+}
+
+// agentToolScript is hangar-agent, the agent's way to hand things back:
+// `ask` records a question (the turn ends needs_input), `artifact` hands a
+// file back. It writes under $HOME/.hangar-agent, which the session reads
+// when the turn ends: no network is needed, so it works with egress none.
+const agentToolScript = `#!/bin/sh
+# hangar-agent: hand things back to hangar from inside a sandbox.
+dir="$HOME/.hangar-agent"
+case "$1" in
+ask)
+	shift
+	[ $# -gt 0 ] || { echo "usage: hangar-agent ask QUESTION" >&2; exit 2; }
+	mkdir -p "$dir" && printf '%s' "$*" > "$dir/question" || exit 1
+	echo "hangar: your question is recorded. End your turn now; the answer comes as the next message."
+	;;
+artifact)
+	shift
+	[ $# -gt 0 ] || { echo "usage: hangar-agent artifact PATH..." >&2; exit 2; }
+	for f in "$@"; do
+		[ -f "$f" ] || { echo "hangar-agent: $f is not a file" >&2; exit 1; }
+		case "$f" in /*) rel=$(basename "$f") ;; *) rel="$f" ;; esac
+		mkdir -p "$dir/artifacts/$(dirname "$rel")" && cp -- "$f" "$dir/artifacts/$rel" || exit 1
+		echo "hangar: handed back $rel"
+	done
+	;;
+*)
+	echo "usage: hangar-agent ask QUESTION | hangar-agent artifact PATH..." >&2
+	exit 2
+	;;
+esac
+`
+
+// agentDir is where hangar-agent writes, under the sandbox's HOME.
+func agentDir(sb *sandboxv1.Sandbox) string { return path.Join(sb.GetHomeDir(), ".hangar-agent") }
+
+// agentBinDir holds hangar-agent; it goes first on the harness's PATH.
+func agentBinDir(sb *sandboxv1.Sandbox) string { return path.Join(sb.GetHomeDir(), ".hangar", "bin") }
+
+func (m *Manager) installAgentTool(ctx context.Context, sb *sandboxv1.Sandbox, token uint64) error {
+	_, err := m.d.Sandboxes.WriteFile(ctx, &sandboxv1.WriteFileRequest{
+		SandboxId: sb.GetId(), FencingToken: token,
+		Path: path.Join(agentBinDir(sb), "hangar-agent"), Content: []byte(agentToolScript), Mode: 0o755,
+	})
+	if err != nil {
+		return fmt.Errorf("install hangar-agent: %w", err)
+	}
+	return nil
+}
+
+// lastLines keeps the end of a command's stderr for an error message.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
