@@ -28,6 +28,7 @@ func Root(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command
 	root.SetOut(streams.Out)
 	root.SetErr(streams.Err)
 	root.AddCommand(upCommand(streams, lookupEnv), statusCommand(streams, lookupEnv))
+	root.AddCommand(sandboxCommand(streams, lookupEnv), environmentCommand(streams, lookupEnv))
 	return root
 }
 

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -16,6 +17,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := command.Execute(ctx, command.Streams{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}, os.Args[1:], os.LookupEnv)
 	stop()
+	var exit *command.ExitError
+	if errors.As(err, &exit) {
+		// A remote command's exit code; its stderr already said why.
+		os.Exit(exit.Code)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "hangar:", err)
 		os.Exit(1)

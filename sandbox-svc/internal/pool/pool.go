@@ -19,13 +19,25 @@ type Limiter interface {
 	Wait(ctx context.Context) error
 }
 
-// DefaultRate and DefaultBurst pace refills: a local create of a 100 MB,
-// 5k-file repository takes ~0.3 s here (clone with hardlinks plus checkout),
-// so one create per second per environment keeps refill from starving
-// acquires' cold creates on 2 cores.
+// Refill pacing. Measured on the 2-core CI machine (BenchmarkAcquire in
+// internal/server, a generated repository of 5,000 files / 100 MB): a local
+// create (clone with hardlinks, checkout) takes 2.0 s on a quiet machine and
+// 4.2 s when other builds share it, mostly one core of checkout; a
+// one-file repository takes ~25 ms. So:
+//   - DefaultMaxInFlight: one create at a time per environment, so refill
+//     of a large repository holds at most one of the two cores and an
+//     acquire's cold create (the pool is empty) gets the other;
+//   - DefaultRate/DefaultBurst: at most one create every 2 s, so a pool of
+//     small sandboxes refills in ~2 s per sandbox instead of a burst of
+//     clones, and a large one is bounded by MaxInFlight (2-4 s a create)
+//     rather than piling up behind the limiter.
+//
+// The earlier default (1/s, burst 2, no in-flight bound) let four 100 MB
+// creates overlap on two cores.
 const (
-	DefaultRate  = rate.Limit(1)
-	DefaultBurst = 2
+	DefaultRate        = rate.Limit(0.5)
+	DefaultBurst       = 1
+	DefaultMaxInFlight = 1
 )
 
 // Options configure a pool.
@@ -39,6 +51,9 @@ type Options struct {
 	Discard func(ctx context.Context, sb driver.Sandbox, shutdown bool)
 	// Limiter paces creates; DefaultRate/DefaultBurst when nil.
 	Limiter Limiter
+	// MaxInFlight bounds creates running at once (0: only the limiter and
+	// the target bound them). The server uses DefaultMaxInFlight.
+	MaxInFlight int
 	// Gate, when set, is asked before each refill round (a singleton lease
 	// when pool state is shared between replicas).
 	Gate func(ctx context.Context) bool
@@ -100,10 +115,19 @@ func (p *Pool) signal() {
 func (p *Pool) need() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.needLocked()
+}
+
+// needLocked is how many creates may start now.
+func (p *Pool) needLocked() int {
 	if p.closed {
 		return 0
 	}
-	return p.target - len(p.ready) - p.creating
+	n := p.target - len(p.ready) - p.creating
+	if m := p.opts.MaxInFlight; m > 0 {
+		n = min(n, m-p.creating)
+	}
+	return n
 }
 
 func (p *Pool) loop(ctx context.Context) {
@@ -121,7 +145,7 @@ func (p *Pool) loop(ctx context.Context) {
 			return
 		}
 		p.mu.Lock()
-		if p.closed || p.target-len(p.ready)-p.creating <= 0 {
+		if p.needLocked() <= 0 {
 			p.mu.Unlock()
 			continue
 		}
@@ -150,6 +174,7 @@ func (p *Pool) createOne(ctx context.Context) {
 		shutdown := p.closed
 		p.mu.Unlock()
 		p.opts.Discard(context.WithoutCancel(ctx), sb, shutdown)
+		p.signal()
 		return
 	}
 	p.ready = append(p.ready, sb)

@@ -190,3 +190,23 @@ func TestFailedCreatesAreCountedAndRetried(t *testing.T) {
 		t.Errorf("OnError called %d times", errs.Load())
 	}
 }
+
+// MaxInFlight bounds creates running at once even with tokens to spare.
+func TestMaxInFlight(t *testing.T) {
+	h := &harness{release: make(chan struct{})}
+	lim := make(tokens, 100)
+	for range 100 {
+		lim <- struct{}{}
+	}
+	p := pool.New(pool.Options{Environment: "web", Target: 3, MaxInFlight: 1, Create: h.create, Discard: h.discard, Limiter: lim})
+	p.Start(context.Background())
+	defer p.Close(context.Background(), true)
+	for i := 1; i <= 3; i++ {
+		waitFor(t, "one create in flight", func() bool { return h.inFlight.Load() == 1 })
+		h.release <- struct{}{}
+		waitFor(t, "one more ready", func() bool { return p.Stats().Ready == i })
+	}
+	if got := h.maxFlight.Load(); got != 1 {
+		t.Errorf("max creates in flight = %d, want 1", got)
+	}
+}

@@ -47,7 +47,8 @@ type Deps struct {
 	DestroyHookTimeout time.Duration
 	// ReapInterval is how often expired leases are looked for (5s).
 	ReapInterval time.Duration
-	// PoolLimiter paces warm-pool creates per environment (1/s, burst 2).
+	// PoolLimiter paces warm-pool creates per environment (pool.DefaultRate,
+	// one create every 2 s; at most pool.DefaultMaxInFlight at once).
 	PoolLimiter func() pool.Limiter
 	// WorkDir is where the built-in "local" environment looks for its git
 	// repository (the process's working directory when empty).
@@ -76,6 +77,7 @@ type Server struct {
 	leases *lease.Manager
 	hooks  *destroyhook.Hub
 	drv    driver.Driver
+	disk   *local.Driver // the same driver: leftovers on disk
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -108,7 +110,8 @@ type poolEntry struct {
 
 var _ sandboxv1.SandboxServiceServer = (*Server)(nil)
 
-// New builds the server, starts a warm pool for every environment that
+// New builds the server, removes the sandboxes an earlier process left on
+// disk whose lease is gone, starts a warm pool for every environment that
 // asks for one and the lease reaper.
 func New(ctx context.Context, deps Deps) (*Server, error) {
 	if deps.Redis == nil {
@@ -138,12 +141,14 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		deps: deps, log: deps.Logger, now: deps.Now, envs: envs, drv: drv,
+		deps: deps, log: deps.Logger, now: deps.Now, envs: envs, drv: drv, disk: drv,
 		leases:    lease.New(deps.Redis, deps.KeyPrefix, deps.Now),
 		hooks:     destroyhook.NewHub(deps.Now, deps.DestroyHookTimeout),
 		sandboxes: map[string]*entry{}, pools: map[string]*poolEntry{}, terminals: map[string]*termSession{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	// Before any pool creates: what is on disk now is an earlier process's.
+	s.reapLeftovers(ctx)
 	list, err := envs.List(ctx)
 	if err != nil {
 		s.log.Warn("environments not loaded", slog.Any("error", err))
@@ -186,6 +191,9 @@ func (s *Server) Close(ctx context.Context) error {
 	wg.Wait()
 	s.cancel()
 	s.wg.Wait()
+	if err := s.disk.Close(); err != nil {
+		return fmt.Errorf("release the sandboxes directory: %w", err)
+	}
 	return nil
 }
 
@@ -240,7 +248,7 @@ func (s *Server) syncPool(e *environment.Environment) {
 		}
 		spec := *e
 		opts := pool.Options{
-			Environment: e.Name, Target: e.WarmPoolSize,
+			Environment: e.Name, Target: e.WarmPoolSize, MaxInFlight: pool.DefaultMaxInFlight,
 			Create: func(ctx context.Context) (driver.Sandbox, error) {
 				return s.drv.Create(ctx, specFor(&spec, newID()))
 			},
@@ -396,9 +404,12 @@ func (s *Server) reapLoop() {
 }
 
 // reap destroys leased sandboxes whose lease is gone (expired, or lost in
-// a Redis restart). Sandboxes are local to this replica, so every replica
-// reaps its own.
+// a Redis restart) and leftovers on disk whose lease has gone since the last
+// pass. Sandboxes are local to this process (the local driver locks its
+// directory), so every replica reaps its own and no singleton lease guards
+// this: see "Sandboxes" in docs/ARCHITECTURE.md.
 func (s *Server) reap(ctx context.Context) {
+	defer s.reapLeftovers(ctx)
 	s.mu.Lock()
 	var leased []*entry
 	for _, e := range s.sandboxes {

@@ -42,9 +42,12 @@ type Driver struct {
 
 	mu   sync.Mutex
 	keys map[string]*Sandbox // live sandboxes by directory key
+	lock *os.File            // flock on the sandboxes directory; nil after Close
 }
 
-// New returns a local driver keeping its sandboxes under opts.Root.
+// New returns a local driver keeping its sandboxes under opts.Root. It takes
+// the sandboxes directory for this process (a second driver on the same root
+// fails) until Close.
 func New(opts Options) (*Driver, error) {
 	if opts.Root == "" {
 		return nil, errors.New("local driver: root is required")
@@ -59,7 +62,11 @@ func New(opts Options) (*Driver, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("local driver: %w", err)
 	}
-	return &Driver{opts: opts, dir: dir, keys: map[string]*Sandbox{}}, nil
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("local driver: %w", err)
+	}
+	return &Driver{opts: opts, dir: dir, keys: map[string]*Sandbox{}, lock: lock}, nil
 }
 
 // Name returns "local".
@@ -124,6 +131,9 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Sandbox, 
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return nil, err
 		}
+	}
+	if err := writeMarker(sb.dir, marker{ID: spec.ID, Environment: spec.Environment}); err != nil {
+		return nil, err
 	}
 	if spec.Egress == driver.EgressNone {
 		ns, err := newNetNS()

@@ -20,6 +20,7 @@ func newDriver(t *testing.T, gw local.Gateway) *local.Driver {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { d.Close() })
 	return d
 }
 

@@ -1,0 +1,140 @@
+package local
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// markerName is the file in a sandbox's directory (beside work/ and home/)
+// that names the sandbox, so a directory left behind by a crash can be
+// matched with its lease.
+const markerName = "sandbox.json"
+
+// lockName is the lock file in the sandboxes directory; the driver holds an
+// exclusive flock on it for its life, so one process at a time owns the
+// directory and everything in it that is not live in that process is a
+// leftover of a process that is gone.
+const lockName = ".lock"
+
+// marker is the content of markerName.
+type marker struct {
+	ID          string `json:"id"`
+	Environment string `json:"environment"`
+}
+
+// Leftover is a sandbox directory no live sandbox of this driver owns: a
+// sandbox of an earlier process that ended without destroying it.
+type Leftover struct {
+	// Key names the directory (the work key, or the sandbox id).
+	Key string
+	// ID and Environment come from the directory's marker; empty when it
+	// has none (the process ended before writing it).
+	ID          string
+	Environment string
+	Dir         string
+}
+
+// lockDir takes the sandboxes directory for this process.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, lockName), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open the sandboxes lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s is in use by another sandbox service (one process per HANGAR_HOME): %w", dir, err)
+		}
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return f, nil
+}
+
+func writeMarker(dir string, m marker) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, markerName), b, 0o644); err != nil {
+		return fmt.Errorf("write sandbox marker: %w", err)
+	}
+	return nil
+}
+
+func readMarker(dir string) (marker, error) {
+	var m marker
+	b, err := os.ReadFile(filepath.Join(dir, markerName))
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("sandbox marker %s: %w", dir, err)
+	}
+	return m, nil
+}
+
+// Leftovers lists the sandbox directories that no live sandbox of this
+// driver owns.
+func (d *Driver) Leftovers() ([]Leftover, error) {
+	ents, err := os.ReadDir(d.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	var out []Leftover
+	for _, ent := range ents {
+		if !ent.IsDir() || !ValidKey(ent.Name()) {
+			continue
+		}
+		d.mu.Lock()
+		_, live := d.keys[ent.Name()]
+		d.mu.Unlock()
+		if live {
+			continue
+		}
+		dir := filepath.Join(d.dir, ent.Name())
+		lo := Leftover{Key: ent.Name(), Dir: dir}
+		// A missing or unreadable marker leaves the id empty: no lease can
+		// name such a directory.
+		if m, err := readMarker(dir); err == nil {
+			lo.ID, lo.Environment = m.ID, m.Environment
+		}
+		out = append(out, lo)
+	}
+	return out, nil
+}
+
+// RemoveLeftover removes a leftover directory unless a live sandbox has
+// taken its key since it was listed (then it reports false).
+func (d *Driver) RemoveLeftover(lo Leftover) (bool, error) {
+	// Claiming the key keeps a concurrent Create of the same work key out
+	// while the directory goes.
+	guard := &Sandbox{}
+	if err := d.claimKey(lo.Key, guard); err != nil {
+		return false, nil
+	}
+	defer d.releaseKey(lo.Key, guard)
+	dir := filepath.Join(d.dir, lo.Key)
+	if err := removeAll(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("remove leftover sandbox %s: %w", dir, err)
+	}
+	return true, nil
+}
+
+// Close releases the sandboxes directory. Live sandboxes are not touched:
+// destroy them first.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	f := d.lock
+	d.lock = nil
+	d.mu.Unlock()
+	if f == nil {
+		return nil
+	}
+	return f.Close()
+}
