@@ -13,6 +13,7 @@ require (
 	github.com/googleapis/gax-go/v2 v2.27.0
 	github.com/hangar-dev/hangar/api v0.0.0-00010101000000-000000000000
 	github.com/hangar-dev/hangar/platform v0.0.0-00010101000000-000000000000
+	go.uber.org/goleak v1.3.0
 	google.golang.org/api v0.315.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12

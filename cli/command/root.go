@@ -28,7 +28,10 @@ func Root(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command
 	root.SetOut(streams.Out)
 	root.SetErr(streams.Err)
 	root.AddCommand(upCommand(streams, lookupEnv), statusCommand(streams, lookupEnv))
+	root.AddCommand(fakeModelCommand(streams))
 	root.AddCommand(sandboxCommand(streams, lookupEnv), environmentCommand(streams, lookupEnv))
+	root.AddCommand(sessionCommand(streams, lookupEnv))
+	root.AddCommand(checkpointCommand(streams, lookupEnv))
 	return root
 }
 

@@ -62,7 +62,11 @@ func printStack(streams Streams, s *up.Stack) {
 	} else {
 		fmt.Fprintf(w, "  token   %s\n", s.Token)
 	}
-	fmt.Fprintf(w, "  data    %s\n\n", s.Home)
+	fmt.Fprintf(w, "  data    %s\n", s.Home)
+	if s.OfflineModel != "" {
+		fmt.Fprintf(w, "  model   offline (scripted upstream at %s; set HANGAR_ANTHROPIC_API_KEY or HANGAR_OPENAI_API_KEY for a real one)\n", s.OfflineModel)
+	}
+	fmt.Fprintf(w, "\n")
 	for _, e := range s.Services {
 		fmt.Fprintf(w, "  %-15s %s\n", e.Name, e.Addr)
 	}

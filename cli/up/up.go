@@ -48,6 +48,10 @@ type Config struct {
 	config.Common
 	// Addr is the front door: the one URL clients use.
 	Addr string `env:"HANGAR_ADDR" flag:"addr" default:"127.0.0.1:7400" help:"host:port of the front door (HANGAR_URL for clients)"`
+
+	// SessionClock drives the session service's idle clock (tests); zero
+	// means real time.
+	SessionClock sessionapp.Clock
 }
 
 // Endpoint is where one service listens.
@@ -67,6 +71,9 @@ type Stack struct {
 	// TokenGenerated says the token was made by this start (not read from
 	// HANGAR_TOKEN or the data directory).
 	TokenGenerated bool
+	// OfflineModel is the URL of the scripted upstream the gateway uses when
+	// no model credentials are set (empty when a real upstream is set).
+	OfflineModel string
 
 	group *errgroup.Group
 }
@@ -93,7 +100,7 @@ type app interface {
 	Run(ctx context.Context, lis net.Listener) error
 }
 
-func specs() []serviceSpec {
+func specs(clock sessionapp.Clock) []serviceSpec {
 	return []serviceSpec{
 		{
 			name: sessionapp.Name, addrVar: "HANGAR_SESSION_ADDR",
@@ -107,6 +114,7 @@ func specs() []serviceSpec {
 				if err != nil {
 					return nil, err
 				}
+				cfg.Clock = clock
 				return sessionapp.New(ctx, cfg, logger)
 			},
 		},
@@ -214,6 +222,15 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		cleanup = append(cleanup, func() { _ = redis.Close() })
 		overlay["HANGAR_REDIS_URL"] = "redis://" + redis.Addr()
 	}
+	var model *offlineModel
+	if needsOfflineModel(lookupEnv) {
+		if model, err = listenOfflineModel(lookupEnv, logger); err != nil {
+			return fail(err)
+		}
+		cleanup = append(cleanup, model.close)
+		overlay["HANGAR_ANTHROPIC_URL"] = model.URL
+		overlay["HANGAR_OPENAI_URL"] = model.URL + "/v1"
+	}
 	env := func(name string) (string, bool) {
 		if v, ok := overlay[name]; ok {
 			return v, true
@@ -222,7 +239,7 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 	}
 
 	// Every service's settings are checked before anything listens.
-	all := specs()
+	all := specs(cfg.SessionClock)
 	addrs := make([]string, len(all))
 	for i, spec := range all {
 		if addrs[i], err = spec.addr(env); err != nil {
@@ -250,6 +267,9 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 	}
 
 	stack := &Stack{URL: "http://" + front.Addr().String(), Token: token, Home: cfg.Home, TokenGenerated: generated}
+	if model != nil {
+		stack.OfflineModel = model.URL
+	}
 	group, gctx := errgroup.WithContext(ctx)
 	apps := make([]app, len(all))
 	routes := map[string]http.Handler{}
@@ -299,6 +319,9 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 			mirrorHealth(gctx, addr, token, spec.grpcServices, frontDoor.Health(), logger)
 			return nil
 		})
+	}
+	if model != nil {
+		group.Go(func() error { return model.serve(gctx) })
 	}
 	if redis != nil {
 		group.Go(func() error {

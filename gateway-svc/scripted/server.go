@@ -116,6 +116,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.RLock()
 	ans, rule := s.script.Decide(req)
 	s.mu.RUnlock()
+	ans = ans.expand(req)
 	s.logMu.Lock()
 	s.log = append(s.log, Logged{Path: path, Rule: rule, Request: req})
 	s.logMu.Unlock()

@@ -6,8 +6,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"go.uber.org/goleak"
 
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
 )
@@ -36,6 +41,8 @@ default: {text: "Hello from the script."}
 `
 
 // sseEvents reads an SSE body into (event, data) pairs.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
 func sseEvents(t *testing.T, r io.Reader) [][2]string {
 	t.Helper()
 	var out [][2]string
@@ -186,5 +193,50 @@ func TestParseErrors(t *testing.T) {
 	}
 	if _, err := scripted.Load("/nonexistent/script.yaml"); err == nil {
 		t.Error("missing file accepted")
+	}
+}
+
+func TestDemoScript(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(scripted.MustNew(scripted.Demo()))
+	defer srv.Close()
+	body := `{"model":"claude-sonnet-4-5","stream":true,"max_tokens":100,"tools":[{"name":"Bash","input_schema":{}}],` +
+		`"messages":[{"role":"user","content":[{"type":"text","text":"<system-reminder>ignore</system-reminder>"},{"type":"text","text":"it's a plan"}]}]}`
+	resp := post(t, srv.URL+"/v1/messages", body)
+	evs := sseEvents(t, resp.Body)
+	resp.Body.Close()
+	var input string
+	for _, ev := range evs {
+		if strings.Contains(ev[1], "input_json_delta") {
+			var d struct {
+				Delta struct {
+					PartialJSON string `json:"partial_json"`
+				} `json:"delta"`
+			}
+			_ = json.Unmarshal([]byte(ev[1]), &d)
+			input = d.Delta.PartialJSON
+		}
+	}
+	var in struct {
+		Command string `json:"command"`
+	}
+	if err := json.Unmarshal([]byte(input), &in); err != nil {
+		t.Fatalf("tool input %q: %v", input, err)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command("bash", "-c", in.Command)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", in.Command, err, out)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, "NOTES.md"))
+	if string(got) != "it's a plan\n" {
+		t.Errorf("NOTES.md = %q", got)
+	}
+	resp = post(t, srv.URL+"/v1/messages", `{"model":"m","stream":true,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"x","content":"wrote NOTES.md"}]}]}`)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), "NOTES.md") || !strings.Contains(string(b), "end_turn") {
+		t.Errorf("summary answer:\n%s", b)
 	}
 }

@@ -47,6 +47,7 @@ const callTimeout = 15 * time.Minute
 type App struct {
 	svc     *service.Service
 	manager *sessions.Manager
+	tick    <-chan time.Time
 	closers []func() error
 }
 
@@ -55,7 +56,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 	if logger == nil {
 		logger = logging.New(os.Stderr, cfg.LogLevel, cfg.LogFormat)
 	}
-	a := &App{}
+	a := &App{tick: cfg.Clock.Tick}
 	defer func() {
 		if err != nil {
 			a.close()
@@ -98,7 +99,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 	if err != nil {
 		return nil, err
 	}
-	holdStore := holds.New(redis.Client, "hangar:session:holds:", time.Now)
+	now := cfg.Clock.Now
+	if now == nil {
+		now = time.Now
+	}
+	holdStore := holds.New(redis.Client, "hangar:session:holds:", now)
 	a.manager = sessions.New(sessions.Deps{
 		Store:       records,
 		Holds:       holdStore,
@@ -107,7 +112,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		Gateway:     gatewayv1.NewGatewayServiceClient(gatewayConn),
 		Artifacts:   artifacts,
 		Logger:      logger.With("service", Name),
-		Now:         time.Now,
+		Now:         now,
 		Config: sessions.Config{
 			IdleMinutes:       cfg.IdleMinutes,
 			CheckpointMinutes: cfg.CheckpointMinutes,
@@ -157,7 +162,7 @@ func (a *App) Handler() http.Handler { return a.svc.Handler() }
 func (a *App) Run(ctx context.Context, lis net.Listener) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.svc.Serve(gctx, lis) })
-	g.Go(func() error { return a.manager.Run(gctx, nil) })
+	g.Go(func() error { return a.manager.Run(gctx, a.tick) })
 	err := g.Wait()
 	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()

@@ -3,6 +3,7 @@ package app
 import (
 	"flag"
 	"fmt"
+	"time"
 
 	"github.com/hangar-dev/hangar/platform/config"
 )
@@ -36,6 +37,17 @@ type Config struct {
 	CodexBin     string `env:"HANGAR_CODEX_BIN" flag:"codex-bin" default:"codex" help:"Codex binary in sandboxes"`
 	PiBin        string `env:"HANGAR_PI_BIN" flag:"pi-bin" default:"pi" help:"pi binary in sandboxes"`
 	PiNodeBinDir string `env:"HANGAR_PI_NODE_BIN_DIR" flag:"pi-node-bin-dir" help:"directory of a Node >= 22.19 for pi, put first on its PATH"`
+
+	// Clock drives the idle clock; zero means real time. Not a setting:
+	// tests set it.
+	Clock Clock
+}
+
+// Clock is the time the session lifecycle sees: Now for the idle clock and
+// holds, Tick for its sweeps (idle suspension, periodic checkpoints).
+type Clock struct {
+	Now  func() time.Time
+	Tick <-chan time.Time
 }
 
 // LoadConfig reads the configuration from args and the environment.

@@ -12,7 +12,7 @@ import (
 // a tree-hash-verified restore, and an incremental capture after a
 // one-line edit in three files, reporting the bytes each stores.
 func BenchmarkCheckpoint(b *testing.B) {
-	for _, files := range []int{1000, 10000} {
+	for _, files := range []int{1000, 5000, 20000} {
 		b.Run(fmt.Sprintf("files=%d", files), func(b *testing.B) {
 			w := newWorld(b)
 			for i := range files {

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -79,7 +81,9 @@ func (t *tailBuffer) String() string { return strings.TrimSpace(string(t.b)) }
 type probe struct {
 	head, branch, base, gitdir string
 	refs                       []ref
-	tracked, tree              string
+	tree, treeIndex            string
+	// ancestor: the previous checkpoint's HEAD is an ancestor of HEAD.
+	ancestor bool
 }
 
 func parseProbe(out []byte) probe {
@@ -102,8 +106,10 @@ func parseProbe(out []byte) probe {
 		case "ref":
 			sha, name, _ := strings.Cut(v, " ")
 			p.refs = append(p.refs, ref{Name: strings.TrimPrefix(name, "refs/heads/"), Commit: sha})
-		case "tracked":
-			p.tracked = v
+		case "treeindex":
+			p.treeIndex = v
+		case "ancestor":
+			p.ancestor = v == "yes"
 		case "tree":
 			p.tree = v
 		}
@@ -178,8 +184,15 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	sb := sandbox{req.GetSandboxId(), req.GetFencingToken()}
 	wd := req.GetWorkDir()
 
+	prev := e.previous(ctx, req.GetSession())
+	prevHead := ""
+	if prev != nil && commitRE.MatchString(prev.cp.GetHeadCommit()) {
+		prevHead = prev.cp.GetHeadCommit()
+	}
+	var nonce [6]byte
+	rand.Read(nonce[:])
 	var out bytes.Buffer
-	code, err := e.run(ctx, sb, shArgv(probeScript, wd, req.GetBaseCommit()), gitEnv, nil, &out, 10)
+	code, err := e.run(ctx, sb, shArgv(probeScript, wd, req.GetBaseCommit(), hex.EncodeToString(nonce[:]), prevHead), gitEnv, nil, &out, 10)
 	if err != nil {
 		return nil, fmt.Errorf("capture probe: %w", err)
 	}
@@ -187,16 +200,27 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 		return nil, fault.FailedPrecondition(ReasonNotARepo, "work_dir %s is not the top of a git work tree", wd)
 	}
 	pr := parseProbe(out.Bytes())
+	if pr.treeIndex != "" {
+		// patchScript removes the index copy; if the capture stops before
+		// it runs, remove it here.
+		defer func() {
+			if pr.treeIndex == "" {
+				return
+			}
+			if _, err := e.run(context.WithoutCancel(ctx), sb, []string{"rm", "-f", pr.treeIndex}, nil, nil, nil); err != nil {
+				e.opt.Logger.LogAttrs(ctx, slog.LevelWarn, "capture cleanup failed", slog.Any("error", err))
+			}
+		}()
+	}
 	switch {
 	case pr.base == "missing" || pr.base == "":
 		return nil, fault.FailedPrecondition(ReasonBaseMissing, "base commit %s is not in the sandbox's repository", req.GetBaseCommit())
 	case !commitRE.MatchString(pr.head):
 		return nil, fault.FailedPrecondition(ReasonNotARepo, "the repository in %s has no commit checked out", wd)
-	case pr.tree == "" || pr.tracked == "":
+	case pr.tree == "" || pr.treeIndex == "":
 		return nil, fmt.Errorf("capture probe: unexpected output %q", out.String())
 	}
 
-	prev := e.previous(ctx, req.GetSession())
 	dk, err := e.opt.Keys.NewDataKey()
 	if err != nil {
 		return nil, err
@@ -237,7 +261,7 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	exclude := []string{pr.base}
 	var chain []*checkpointv1.Part
 	prevID := ""
-	if prev != nil && e.continuesChain(ctx, sb, wd, prev, pr) {
+	if prev != nil && continuesChain(prev, pr) {
 		prevID = prev.cp.GetId()
 		for _, p := range prev.cp.GetParts() {
 			if p.GetKind() == checkpointv1.PartKind_PART_KIND_BUNDLE {
@@ -285,29 +309,45 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	git := func(args ...string) []string {
 		return append(append([]string{"git", "-C", wd}, diffArgs...), args...)
 	}
-	steps := []struct {
+	type step struct {
 		kind  checkpointv1.PartKind
 		limit int64
 		argv  []string
-	}{
+	}
+	steps := []step{
 		{checkpointv1.PartKind_PART_KIND_DIFF, e.opt.MaxPartBytes, git("HEAD")},
 		{checkpointv1.PartKind_PART_KIND_INDEX, e.opt.MaxPartBytes, git("--cached", "HEAD")},
 		{checkpointv1.PartKind_PART_KIND_UNTRACKED, minLimit(e.opt.MaxUntrackedBytes, e.opt.MaxPartBytes), shArgv(untrackedScript, wd)},
+		// The whole work against the base, from the probe's index of the
+		// full work tree: GetCheckpointPatch needs no sandbox.
+		{checkpointv1.PartKind_PART_KIND_PATCH, e.opt.MaxPartBytes, shArgv(patchScript, append([]string{pr.treeIndex}, git("--cached", pr.base)...)...)},
 	}
 	if paths := req.GetConversationPaths(); len(paths) > 0 {
 		argv := append([]string{"tar", "-c", "-f", "-", "--format=gnu", "-P", "--ignore-failed-read", "--"}, paths...)
-		steps = append(steps, struct {
-			kind  checkpointv1.PartKind
-			limit int64
-			argv  []string
-		}{checkpointv1.PartKind_PART_KIND_CONVERSATION, e.opt.MaxPartBytes, argv})
+		steps = append(steps, step{checkpointv1.PartKind_PART_KIND_CONVERSATION, e.opt.MaxPartBytes, argv})
 	}
+	untrackedSkipped := false
 	for _, s := range steps {
 		p, _, err := capturePart(s.kind, s.limit, s.argv)
+		if s.kind == checkpointv1.PartKind_PART_KIND_PATCH {
+			pr.treeIndex = "" // patchScript removed it, whatever happened
+		}
 		if err != nil {
 			return nil, err
 		}
+		if s.kind == checkpointv1.PartKind_PART_KIND_UNTRACKED && p.GetSkipped() {
+			untrackedSkipped = true
+		}
 		parts = append(parts, p)
+	}
+	// A restore without the untracked files verifies the tracked ones.
+	tracked := ""
+	if untrackedSkipped {
+		var tout bytes.Buffer
+		if _, err := e.run(ctx, sb, shArgv(treeScript, wd, "-u"), gitEnv, nil, &tout); err != nil {
+			return nil, fmt.Errorf("capture tracked tree: %w", err)
+		}
+		tracked = strings.TrimSpace(tout.String())
 	}
 
 	cp := &checkpointv1.Checkpoint{
@@ -320,7 +360,7 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	for _, p := range parts {
 		cp.SizeBytes += p.GetSizeBytes()
 	}
-	m := &manifest{cp: cp, Refs: pr.refs, TrackedTreeHash: pr.tracked}
+	m := &manifest{cp: cp, Refs: pr.refs, TrackedTreeHash: tracked}
 	if prev != nil && sameContent(prev, m) {
 		return &CaptureResult{Checkpoint: prev.cp, Warnings: prev.cp.GetWarnings(), Created: false}, nil
 	}
@@ -373,7 +413,7 @@ func (e *Engine) previous(ctx context.Context, session string) *manifest {
 // same base, prev's bundles all kept, the chain not too long, and prev's
 // HEAD still an ancestor of HEAD (otherwise history was rewritten and the
 // old chain would carry dead commits forever).
-func (e *Engine) continuesChain(ctx context.Context, sb sandbox, wd string, prev *manifest, pr probe) bool {
+func continuesChain(prev *manifest, pr probe) bool {
 	if prev.cp.GetBaseCommit() != pr.base {
 		return false
 	}
@@ -386,14 +426,7 @@ func (e *Engine) continuesChain(ctx context.Context, sb sandbox, wd string, prev
 			n++
 		}
 	}
-	if n >= maxChain {
-		return false
-	}
-	if prev.cp.GetHeadCommit() == pr.head {
-		return true
-	}
-	code, err := e.run(ctx, sb, []string{"git", "-C", wd, "merge-base", "--is-ancestor", prev.cp.GetHeadCommit(), pr.head}, gitEnv, nil, nil, 1, 128)
-	return err == nil && code == 0
+	return n < maxChain && (prev.cp.GetHeadCommit() == pr.head || pr.ancestor)
 }
 
 // sameContent reports whether m holds exactly what prev holds.

@@ -226,17 +226,27 @@ func (e *Engine) readManifestKey(ctx context.Context, key string) (*manifest, er
 	if err != nil {
 		return nil, domainErr(id, mapOpenErr(err))
 	}
-	var m manifest
-	if err := json.Unmarshal(body, &m); err != nil || m.Version != 1 {
-		return nil, domainErr(id, fmt.Errorf("%w: manifest does not parse", errDamaged))
-	}
-	m.cp = &checkpointv1.Checkpoint{}
-	if err := protojson.Unmarshal(m.Checkpoint, m.cp); err != nil || m.cp.GetId() != id {
-		return nil, domainErr(id, fmt.Errorf("%w: manifest does not match its name", errDamaged))
+	m, err := parseManifest(id, body)
+	if err != nil {
+		return nil, domainErr(id, err)
 	}
 	e.mu.Lock()
 	e.manifests[key] = m.objects()
 	e.mu.Unlock()
+	return m, nil
+}
+
+// parseManifest reads a manifest's plaintext: it must be version 1 and
+// name checkpoint id.
+func parseManifest(id string, body []byte) (*manifest, error) {
+	var m manifest
+	if err := json.Unmarshal(body, &m); err != nil || m.Version != 1 {
+		return nil, fmt.Errorf("%w: manifest does not parse", errDamaged)
+	}
+	m.cp = &checkpointv1.Checkpoint{}
+	if err := protojson.Unmarshal(m.Checkpoint, m.cp); err != nil || m.cp.GetId() != id {
+		return nil, fmt.Errorf("%w: manifest does not match its name", errDamaged)
+	}
 	return &m, nil
 }
 

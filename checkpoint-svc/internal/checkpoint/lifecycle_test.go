@@ -1,8 +1,10 @@
 package checkpoint_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	"net"
 	"os"
 	"path/filepath"
@@ -46,7 +48,11 @@ func TestRetentionArchiveIncremental(t *testing.T) {
 	}
 	// Nothing changed: the previous checkpoint is reused.
 	if res := w.capture("s1", work); res.Created || res.Checkpoint.GetId() != ids[6] {
-		t.Fatalf("unchanged capture created %v", res.Checkpoint.GetId())
+		var a, b bytes.Buffer
+		_ = w.eng.ReadPart(ctx, ids[6], checkpointv1.PartKind_PART_KIND_PATCH, &a)
+		_ = w.eng.ReadPart(ctx, res.Checkpoint.GetId(), checkpointv1.PartKind_PART_KIND_PATCH, &b)
+		t.Logf("patch part of the previous checkpoint:\n%s\npatch part of the new one:\n%s", a.String(), b.String())
+		t.Fatalf("unchanged capture created %v\n%v\n%v", res.Checkpoint.GetId(), res.Checkpoint.GetParts(), list0(t, w, ids[6]))
 	}
 	list, _, err := w.eng.List(ctx, "s1", 0, 0)
 	if err != nil || len(list) != 5 {
@@ -179,4 +185,9 @@ func TestRoundTripOverGRPCAndGCS(t *testing.T) {
 	if _, err := w.eng.Verify(context.Background(), cp.GetId()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func list0(t *testing.T, w *world, id string) any {
+	cp, _ := w.eng.Get(context.Background(), id)
+	return cp.GetParts()
 }

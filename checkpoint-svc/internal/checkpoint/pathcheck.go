@@ -57,6 +57,9 @@ func filterTar(src io.Reader, w io.Writer, pol tarPolicy) ([]string, error) {
 			}
 			continue
 		}
+		if pol.absolute && !pol.underRoot(name) && hdr.Typeflag != tar.TypeDir {
+			return names, fmt.Errorf("%w: %q above the conversation paths is not a directory", errUnsafePath, hdr.Name)
+		}
 		if links[name] {
 			return names, fmt.Errorf("%w: %q replaces a symbolic link", errUnsafePath, hdr.Name)
 		}
@@ -102,6 +105,16 @@ func filterTar(src io.Reader, w io.Writer, pol tarPolicy) ([]string, error) {
 		}
 	}
 	return names, tw.Close()
+}
+
+// underRoot reports whether a clean absolute name is a root or under one.
+func (pol tarPolicy) underRoot(name string) bool {
+	for _, r := range pol.roots {
+		if name == r || strings.HasPrefix(name, r+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // clean checks a tar name and returns its clean form.

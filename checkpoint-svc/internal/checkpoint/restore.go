@@ -64,7 +64,7 @@ func (e *Engine) restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 		case !p.GetSkipped():
 		case p.GetKind() == checkpointv1.PartKind_PART_KIND_UNTRACKED:
 			untrackedSkipped = true
-		case p.GetKind() != checkpointv1.PartKind_PART_KIND_CONVERSATION:
+		case p.GetKind() != checkpointv1.PartKind_PART_KIND_CONVERSATION && p.GetKind() != checkpointv1.PartKind_PART_KIND_PATCH:
 			return "", fault.FailedPrecondition(ReasonIncomplete,
 				"checkpoint %s cannot be restored: its %s part was over the size limit and not kept", cp.GetId(), partName(p.GetKind()))
 		}

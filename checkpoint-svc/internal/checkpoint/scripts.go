@@ -4,10 +4,14 @@ package checkpoint
 // work tree is $1. They use only git, tar, find, grep, xargs and sh.
 
 // probeScript prints the repository state, one "key value" line each, and
-// the two tree hashes: of tracked files (a copy of the index refreshed
-// with `add -u`) and of the full work tree (then `add -A`: tracked plus
-// untracked files .gitignore does not ignore, with modes and symlinks).
-// The real index is not touched.
+// the hash of the full work tree: a copy of the index ($gitdir/
+// hangar-tree-index.$3) gets `add -A` (tracked plus untracked files
+// .gitignore does not ignore, with modes and symlinks) and `write-tree`.
+// The copy keeps the index's stat cache, so only changed files are read.
+// It is left in place for the patch part (patchScript removes it) and
+// removed if the probe fails. With $4 (the previous checkpoint's HEAD) it
+// says whether that commit is an ancestor of HEAD. The real index is not
+// touched.
 const probeScript = `set -e
 cd "$1"
 [ "$(git rev-parse --is-inside-work-tree 2>/dev/null)" = true ] || { echo "not a git work tree" >&2; exit 10; }
@@ -15,16 +19,31 @@ cd "$1"
 echo "head $(git rev-parse --verify -q HEAD || echo none)"
 echo "branch $(git symbolic-ref -q HEAD || echo -)"
 echo "base $(git rev-parse --verify -q "$2^{commit}" || echo missing)"
-echo "gitdir $(git rev-parse --absolute-git-dir)"
+gitdir="$(git rev-parse --absolute-git-dir)"
+echo "gitdir $gitdir"
 git for-each-ref --format='ref %(objectname) %(refname)' refs/heads/
-tmp="$(git rev-parse --absolute-git-dir)/hangar-tree-index.$$"
-trap 'rm -f "$tmp"' EXIT
+tmp="$gitdir/hangar-tree-index.$3"
+ok=0
+trap '[ "$ok" = 1 ] || rm -f "$tmp"' EXIT
 idx="$(git rev-parse --git-path index)"
-if [ -f "$idx" ]; then cp "$idx" "$tmp"; fi
-GIT_INDEX_FILE="$tmp" git add -u
-echo "tracked $(GIT_INDEX_FILE="$tmp" git write-tree)"
+# -p keeps the index mtime: git trusts its stat cache only for entries
+# older than the index file (racy-git), so a fresh mtime would hide edits
+# made within the same second as the last index write.
+if [ -f "$idx" ]; then cp -p "$idx" "$tmp"; fi
 GIT_INDEX_FILE="$tmp" git add -A
 echo "tree $(GIT_INDEX_FILE="$tmp" git write-tree)"
+if [ -n "$4" ]; then
+  if git merge-base --is-ancestor "$4" HEAD 2>/dev/null; then echo "ancestor yes"; else echo "ancestor no"; fi
+fi
+echo "treeindex $tmp"
+ok=1
+`
+
+// patchScript runs a git command ($2...) over the index copy $1 that
+// probeScript left, then removes it.
+const patchScript = `tmp="$1"; shift
+trap 'rm -f "$tmp"' EXIT
+GIT_INDEX_FILE="$tmp" "$@"
 `
 
 // treeScript prints the full work tree's hash, as probeScript does.
@@ -33,7 +52,10 @@ cd "$1"
 tmp="$(git rev-parse --absolute-git-dir)/hangar-tree-index.$$"
 trap 'rm -f "$tmp"' EXIT
 idx="$(git rev-parse --git-path index)"
-if [ -f "$idx" ]; then cp "$idx" "$tmp"; fi
+# -p keeps the index mtime: git trusts its stat cache only for entries
+# older than the index file (racy-git), so a fresh mtime would hide edits
+# made within the same second as the last index write.
+if [ -f "$idx" ]; then cp -p "$idx" "$tmp"; fi
 GIT_INDEX_FILE="$tmp" git add $2
 GIT_INDEX_FILE="$tmp" git write-tree
 `
@@ -52,7 +74,9 @@ git bundle create -q - "$@"
 
 // untrackedScript writes a tarball of the untracked files .gitignore does
 // not ignore: every such file (symlinks as links), untracked directories
-// (for their modes) and the empty directories under them, and untracked nested repositories whole.
+// (for their modes) and the empty directories under them, untracked
+// nested repositories whole, and directories left empty by deleted (not
+// yet staged) tracked files, which applying the diff would remove.
 // Names go NUL-separated and verbatim, so any byte is fine.
 const untrackedScript = `set -e
 cd "$1"
@@ -63,6 +87,13 @@ cd "$1"
       if [ -e "$d.git" ]; then find "./$d" -print0; else
         find "./$d" -maxdepth 0 -print0; find "./$d" -mindepth 1 -type d -empty -print0
       fi
+    done' sh
+  git ls-files -z --deleted | xargs -0 -r sh -c '
+    for f; do d="$(dirname -- "$f")"
+      while [ "$d" != . ]; do
+        if [ -d "$d" ] && [ ! -L "$d" ] && [ -z "$(ls -A -- "$d")" ]; then printf "%s\0" "$d"; fi
+        d="$(dirname -- "$d")"
+      done
     done' sh
 } | tar -c -f - --format=gnu --null --verbatim-files-from --no-recursion -T -
 `

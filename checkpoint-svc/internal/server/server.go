@@ -157,21 +157,36 @@ func (s *Checkpoints) ForkCheckpoint(ctx context.Context, req *checkpointv1.Fork
 	return &checkpointv1.ForkCheckpointResponse{Checkpoint: cp}, nil
 }
 
-// GetCheckpointPatch implements the RPC for checkpoints with no commits
-// past the base: the patch is the uncommitted diff. With commits it needs
-// git to turn the bundle into patches, which this service does not run;
-// that answer is FailedPrecondition.
+// GetCheckpointPatch implements the RPC from the checkpoint's patch part:
+// the whole work (commits, uncommitted and untracked changes) against the
+// base commit, with no sandbox. Checkpoints made before the patch part
+// existed have the uncommitted diff only, so those with commits past the
+// base answer FailedPrecondition.
 func (s *Checkpoints) GetCheckpointPatch(ctx context.Context, req *checkpointv1.GetCheckpointPatchRequest) (*checkpointv1.GetCheckpointPatchResponse, error) {
 	cp, err := s.eng.Get(ctx, req.GetCheckpointId())
 	if err != nil {
 		return nil, err
 	}
-	if cp.GetHeadCommit() != cp.GetBaseCommit() {
-		return nil, fault.FailedPrecondition("PATCH_NEEDS_SANDBOX",
-			"checkpoint %s has commits past its base; open the session to get its patch", cp.GetId())
+	kind := checkpointv1.PartKind_PART_KIND_UNSPECIFIED
+	for _, p := range cp.GetParts() {
+		if p.GetKind() != checkpointv1.PartKind_PART_KIND_PATCH {
+			continue
+		}
+		if p.GetSkipped() {
+			return nil, fault.FailedPrecondition("PATCH_TOO_LARGE",
+				"checkpoint %s has no patch: it was over the size limit when captured", cp.GetId())
+		}
+		kind = p.GetKind()
+	}
+	if kind == checkpointv1.PartKind_PART_KIND_UNSPECIFIED {
+		if cp.GetHeadCommit() != cp.GetBaseCommit() {
+			return nil, fault.FailedPrecondition("PATCH_NEEDS_SANDBOX",
+				"checkpoint %s has commits past its base and no patch part; open the session to get its patch", cp.GetId())
+		}
+		kind = checkpointv1.PartKind_PART_KIND_DIFF
 	}
 	var b patchBuffer
-	if err := s.eng.ReadPart(ctx, cp.GetId(), checkpointv1.PartKind_PART_KIND_DIFF, &b); err != nil {
+	if err := s.eng.ReadPart(ctx, cp.GetId(), kind, &b); err != nil {
 		return nil, err
 	}
 	return &checkpointv1.GetCheckpointPatchResponse{Patch: string(b.b), BaseCommit: cp.GetBaseCommit()}, nil

@@ -59,16 +59,26 @@ type Options struct {
 	// StaggerSeconds is the default fork stagger for runs in a sibling group
 	// that set none.
 	StaggerSeconds int
-	// StaggerPoll is how often a held first call checks for its sibling's
-	// answer (default 50ms).
+	// StaggerPoll is how often a held first call checks Redis for an answer
+	// of a sibling served by another replica (default 250ms; siblings in
+	// this process wake it at once).
 	StaggerPoll time.Duration
+	// After is the timer source of the stagger (default time.After).
+	After func(time.Duration) <-chan time.Time
+	// OnStaggerWait, when set, is called as a run's first call starts
+	// waiting for its sibling (tests).
+	OnStaggerWait func(run string)
+	// HoldKeepalive is how often a held answer (approvals) sends an SSE
+	// comment while it waits for a decision (default 10s).
+	HoldKeepalive time.Duration
 	// MaxBodyBytes overrides MaxBodyBytes (tests).
 	MaxBodyBytes int64
 }
 
 // Handler is the data plane.
 type Handler struct {
-	o Options
+	o      Options
+	groups groups
 }
 
 // New returns the data plane handler.
@@ -85,8 +95,14 @@ func New(o Options) *Handler {
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = MaxBodyBytes
 	}
+	if o.HoldKeepalive <= 0 {
+		o.HoldKeepalive = 10 * time.Second
+	}
 	if o.StaggerPoll <= 0 {
-		o.StaggerPoll = 50 * time.Millisecond
+		o.StaggerPoll = 250 * time.Millisecond
+	}
+	if o.After == nil {
+		o.After = time.After
 	}
 	if o.Upstreams.AnthropicURL == "" {
 		o.Upstreams.AnthropicURL = "https://api.anthropic.com"
@@ -325,7 +341,18 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 			upBody = b
 		}
 	}
+	held, err := h.o.Runs.Approvals(ctx, run.GetId())
+	if err != nil {
+		h.o.Logger.LogAttrs(ctx, slog.LevelError, "approvals lookup failed", slog.Any("error", err))
+		c.failure = "run store unavailable"
+		writeError(w, p, http.StatusServiceUnavailable, errAPI, "hangar gateway: run store unavailable")
+		return
+	}
 	leader := h.stagger(ctx, c)
+	if held {
+		h.forwardHeld(w, r, c, upBody, leader)
+		return
+	}
 	h.forward(w, r, c, upBody, leader)
 }
 

@@ -122,6 +122,11 @@ func (h *Handler) stop(ctx context.Context, c *call, reason string) {
 // group's first sibling got its first answer, or the stagger ends, so the
 // siblings read the prompt cache the first one wrote. It returns, for the
 // group's first sibling, the function to call when its first answer arrives.
+//
+// Waiting is event-driven in this process (the leader's answer closes the
+// group's channel) and polls Redis every StaggerPoll for a leader served by
+// another replica. Timers come from Options.After, so tests drive the
+// deadline without sleeping.
 func (h *Handler) stagger(ctx context.Context, c *call) func() {
 	group := c.run.GetSiblingGroup()
 	secs := int(c.run.GetStaggerSeconds())
@@ -143,13 +148,18 @@ func (h *Handler) stagger(ctx context.Context, c *call) func() {
 				if err := h.o.Runs.GroupAnswered(context.WithoutCancel(ctx), group); err != nil {
 					h.o.Logger.LogAttrs(ctx, slog.LevelWarn, "stagger release failed", slog.Any("error", err))
 				}
+				h.groups.release(group)
 			})
 		}
 	}
-	deadline := time.NewTimer(time.Duration(secs) * time.Second)
-	defer deadline.Stop()
-	tick := time.NewTicker(h.o.StaggerPoll)
-	defer tick.Stop()
+	// Take the group's channel before reading Redis: a release between the
+	// two is then seen by one or the other.
+	answered, leave := h.groups.join(group)
+	defer leave()
+	deadline := h.o.After(time.Duration(secs) * time.Second)
+	if h.o.OnStaggerWait != nil {
+		h.o.OnStaggerWait(c.run.GetId())
+	}
 	for {
 		if ok, err := h.o.Runs.IsGroupAnswered(ctx, group); err != nil || ok {
 			return nil
@@ -157,9 +167,57 @@ func (h *Handler) stagger(ctx context.Context, c *call) func() {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-deadline.C:
+		case <-deadline:
+			h.o.Logger.LogAttrs(ctx, slog.LevelInfo, "stagger ended without a sibling answer", slog.String("run", c.run.GetId()), slog.String("group", group))
 			return nil
-		case <-tick.C:
+		case <-answered:
+			return nil
+		case <-h.o.After(h.o.StaggerPoll):
 		}
+	}
+}
+
+// groups are the sibling groups with first calls waiting in this process.
+type groups struct {
+	mu sync.Mutex
+	m  map[string]*groupWait
+}
+
+type groupWait struct {
+	ch      chan struct{}
+	waiters int
+}
+
+// join returns a channel closed when the group's leader answers in this
+// process, and the function to call when the caller stops waiting.
+func (g *groups) join(group string) (<-chan struct{}, func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.m == nil {
+		g.m = map[string]*groupWait{}
+	}
+	w, ok := g.m[group]
+	if !ok {
+		w = &groupWait{ch: make(chan struct{})}
+		g.m[group] = w
+	}
+	w.waiters++
+	return w.ch, func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		w.waiters--
+		if w.waiters == 0 && g.m[group] == w {
+			delete(g.m, group)
+		}
+	}
+}
+
+// release wakes the group's waiters.
+func (g *groups) release(group string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if w, ok := g.m[group]; ok {
+		close(w.ch)
+		delete(g.m, group)
 	}
 }

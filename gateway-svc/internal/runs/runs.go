@@ -14,6 +14,7 @@
 package runs
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -23,7 +24,9 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
@@ -535,4 +538,153 @@ func (s *Store) GroupClaimFirst(ctx context.Context, group, run string) (bool, e
 func (s *Store) IsGroupAnswered(ctx context.Context, group string) (bool, error) {
 	n, err := s.rdb.Exists(ctx, s.groupKey(group)).Result()
 	return n == 1, err
+}
+
+// Tool-call approvals: a run created with approvals has the hash field
+// "approvals"; its held tool calls live in calls:<id> (tool call id → ToolCall
+// proto) and every answer pushes the step's number to wake:<id>:<seq>, which
+// the held request blocks on (so an answer given to any replica releases it).
+
+func (s *Store) callsKey(id string) string { return s.prefix + "calls:" + id }
+func (s *Store) wakeKey(id string, seq int32) string {
+	return s.prefix + "wake:" + id + ":" + strconv.Itoa(int(seq))
+}
+
+// ErrToolCallNotFound is returned for a tool call the run does not hold.
+var ErrToolCallNotFound = errors.New("runs: tool call not found")
+
+// ErrToolCallAnswered is returned when a tool call was already answered
+// the other way.
+var ErrToolCallAnswered = errors.New("runs: tool call already answered")
+
+// EnableApprovals makes the run hold every model answer that carries a tool
+// call until it is allowed or denied.
+func (s *Store) EnableApprovals(ctx context.Context, id string) error {
+	if err := s.rdb.HSet(ctx, s.runKey(id), "approvals", 1).Err(); err != nil {
+		return fmt.Errorf("runs: enable approvals of %s: %w", id, err)
+	}
+	return nil
+}
+
+// Approvals reports whether the run holds tool calls for approval.
+func (s *Store) Approvals(ctx context.Context, id string) (bool, error) {
+	v, err := s.rdb.HGet(ctx, s.runKey(id), "approvals").Result()
+	if errors.Is(err, redis.Nil) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("runs: approvals of %s: %w", id, err)
+	}
+	return v == "1", nil
+}
+
+// HoldToolCalls records the pending tool calls of one held answer.
+func (s *Store) HoldToolCalls(ctx context.Context, id string, calls []*gatewayv1.ToolCall) error {
+	args := make([]any, 0, 2*len(calls))
+	for _, c := range calls {
+		b, err := proto.Marshal(c)
+		if err != nil {
+			return fmt.Errorf("runs: encode tool call: %w", err)
+		}
+		args = append(args, c.GetId(), b)
+	}
+	pipe := s.rdb.TxPipeline()
+	pipe.HSet(ctx, s.callsKey(id), args...)
+	pipe.Expire(ctx, s.callsKey(id), s.keep)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("runs: hold tool calls of %s: %w", id, err)
+	}
+	return nil
+}
+
+// ToolCalls returns the run's tool calls in the order they were requested.
+func (s *Store) ToolCalls(ctx context.Context, id string) ([]*gatewayv1.ToolCall, error) {
+	vals, err := s.rdb.HGetAll(ctx, s.callsKey(id)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("runs: tool calls of %s: %w", id, err)
+	}
+	out := make([]*gatewayv1.ToolCall, 0, len(vals))
+	for k, v := range vals {
+		if strings.HasSuffix(k, ":st") {
+			continue
+		}
+		c := &gatewayv1.ToolCall{}
+		if err := proto.Unmarshal([]byte(v), c); err != nil {
+			return nil, fmt.Errorf("runs: decode tool call: %w", err)
+		}
+		if st, ok := vals[k+":st"]; ok {
+			n, _ := strconv.Atoi(st)
+			c.State = gatewayv1.ToolCallState(n)
+		}
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b *gatewayv1.ToolCall) int {
+		if a.GetSeq() != b.GetSeq() {
+			return cmp.Compare(a.GetSeq(), b.GetSeq())
+		}
+		return a.GetRequestedAt().AsTime().Compare(b.GetRequestedAt().AsTime())
+	})
+	return out, nil
+}
+
+// answerScript sets a tool call's state (field "<call>:st") once and wakes
+// its held request. KEYS: calls, wake. ARGV: call id, state.
+// Returns 1 answered, 0 already in that state, -1 not found, -2 answered the
+// other way.
+var answerScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
+local cur = redis.call('HGET', KEYS[1], ARGV[1] .. ':st')
+if cur then
+  if cur == ARGV[2] then return 0 end
+  return -2
+end
+redis.call('HSET', KEYS[1], ARGV[1] .. ':st', ARGV[2])
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], 86400)
+return 1`)
+
+// AnswerToolCall allows or denies a pending tool call and wakes the request
+// holding its answer. Answering again the same way is a no-op; the other
+// way is ErrToolCallAnswered.
+func (s *Store) AnswerToolCall(ctx context.Context, id, callID string, allow bool) (*gatewayv1.ToolCall, error) {
+	want := gatewayv1.ToolCallState_TOOL_CALL_STATE_DENIED
+	if allow {
+		want = gatewayv1.ToolCallState_TOOL_CALL_STATE_ALLOWED
+	}
+	v, err := s.rdb.HGet(ctx, s.callsKey(id), callID).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("%w: %s", ErrToolCallNotFound, callID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("runs: tool call %s: %w", callID, err)
+	}
+	c := &gatewayv1.ToolCall{}
+	if err := proto.Unmarshal([]byte(v), c); err != nil {
+		return nil, fmt.Errorf("runs: decode tool call: %w", err)
+	}
+	n, err := answerScript.Run(ctx, s.rdb, []string{s.callsKey(id), s.wakeKey(id, c.GetSeq())}, callID, int(want)).Int()
+	if err != nil {
+		return nil, fmt.Errorf("runs: answer tool call %s: %w", callID, err)
+	}
+	switch n {
+	case -1:
+		return nil, fmt.Errorf("%w: %s", ErrToolCallNotFound, callID)
+	case -2:
+		return nil, fmt.Errorf("%w: %s", ErrToolCallAnswered, callID)
+	}
+	c.State = want
+	return c, nil
+}
+
+// WaitToolCallAnswer blocks until an answer to one of the step's tool calls
+// arrives or wait passes; it reports whether one arrived.
+func (s *Store) WaitToolCallAnswer(ctx context.Context, id string, seq int32, wait time.Duration) (bool, error) {
+	_, err := s.rdb.BLPop(ctx, wait, s.wakeKey(id, seq)).Result()
+	if errors.Is(err, redis.Nil) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("runs: wait for tool call answers of %s: %w", id, err)
+	}
+	return true, nil
 }

@@ -208,9 +208,6 @@ func (s *Server) CreateRun(ctx context.Context, req *gatewayv1.CreateRunRequest)
 	if req.GetStaggerSeconds() < 0 {
 		return nil, fault.InvalidArgument("stagger_seconds", "stagger_seconds must not be negative")
 	}
-	if req.GetApprovals() {
-		return nil, fault.Unimplemented("tool-call approvals are not implemented by this gateway yet")
-	}
 	cache := req.GetCacheTtl()
 	if cache == "" {
 		cache = s.deps.CacheTTL
@@ -226,6 +223,12 @@ func (s *Server) CreateRun(ctx context.Context, req *gatewayv1.CreateRunRequest)
 	}, time.Duration(req.GetTtlSeconds())*time.Second)
 	if err != nil {
 		return nil, s.internal(ctx, "run create failed", err)
+	}
+	if req.GetApprovals() {
+		if err := s.runs.EnableApprovals(ctx, run.GetId()); err != nil {
+			_, _ = s.runs.End(ctx, run.GetId(), "approvals could not be enabled")
+			return nil, s.internal(ctx, "run create failed", err)
+		}
 	}
 	run.Usage = &gatewayv1.Usage{}
 	return &gatewayv1.CreateRunResponse{Run: s.withURLs(run), Token: token}, nil
@@ -428,14 +431,39 @@ func (s *Server) SteerRun(ctx context.Context, req *gatewayv1.SteerRunRequest) (
 	return &gatewayv1.SteerRunResponse{Queued: int32(n)}, nil
 }
 
-// ListToolCalls is not implemented yet (approvals).
-func (s *Server) ListToolCalls(context.Context, *gatewayv1.ListToolCallsRequest) (*gatewayv1.ListToolCallsResponse, error) {
-	return nil, fault.Unimplemented("tool-call approvals are not implemented by this gateway yet")
+// ListToolCalls lists the tool calls a run with approvals held, pending
+// and answered, in the order the model asked for them.
+func (s *Server) ListToolCalls(ctx context.Context, req *gatewayv1.ListToolCallsRequest) (*gatewayv1.ListToolCallsResponse, error) {
+	if _, err := s.getRun(ctx, req.GetRun()); err != nil {
+		return nil, err
+	}
+	calls, err := s.runs.ToolCalls(ctx, req.GetRun())
+	if err != nil {
+		return nil, s.internal(ctx, "tool call list failed", err)
+	}
+	return &gatewayv1.ListToolCallsResponse{ToolCalls: calls}, nil
 }
 
-// AnswerToolCall is not implemented yet (approvals).
-func (s *Server) AnswerToolCall(context.Context, *gatewayv1.AnswerToolCallRequest) (*gatewayv1.AnswerToolCallResponse, error) {
-	return nil, fault.Unimplemented("tool-call approvals are not implemented by this gateway yet")
+// AnswerToolCall allows or denies a held tool call; the held answer is
+// released (allow) or replaced by a denial (deny) once every tool call of
+// that answer is decided.
+func (s *Server) AnswerToolCall(ctx context.Context, req *gatewayv1.AnswerToolCallRequest) (*gatewayv1.AnswerToolCallResponse, error) {
+	if req.GetToolCallId() == "" {
+		return nil, fault.InvalidArgument("tool_call_id", "tool_call_id is required")
+	}
+	if _, err := s.getRun(ctx, req.GetRun()); err != nil {
+		return nil, err
+	}
+	tc, err := s.runs.AnswerToolCall(ctx, req.GetRun(), req.GetToolCallId(), req.GetAllow())
+	switch {
+	case errors.Is(err, runs.ErrToolCallNotFound):
+		return nil, fault.NotFound("TOOL_CALL_NOT_FOUND", "run %q holds no tool call %q", req.GetRun(), req.GetToolCallId())
+	case errors.Is(err, runs.ErrToolCallAnswered):
+		return nil, fault.FailedPrecondition("TOOL_CALL_ANSWERED", "tool call %q was already answered the other way", req.GetToolCallId())
+	case err != nil:
+		return nil, s.internal(ctx, "tool call answer failed", err)
+	}
+	return &gatewayv1.AnswerToolCallResponse{ToolCall: tc}, nil
 }
 
 // GetUsage sums usage per run or per session (with a per-turn breakdown).

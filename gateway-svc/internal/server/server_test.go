@@ -275,8 +275,11 @@ func TestControlAPIErrors(t *testing.T) {
 	if _, err := e.srv.SteerRun(ctx, &gatewayv1.SteerRunRequest{Run: run.Id, Message: "x"}); code(err) != codes.FailedPrecondition {
 		t.Errorf("steer ended: %v", err)
 	}
-	if _, err := e.srv.ListToolCalls(ctx, &gatewayv1.ListToolCallsRequest{Run: run.Id}); code(err) != codes.Unimplemented {
-		t.Errorf("ListToolCalls: %v", err)
+	if l, err := e.srv.ListToolCalls(ctx, &gatewayv1.ListToolCallsRequest{Run: run.Id}); err != nil || len(l.ToolCalls) != 0 {
+		t.Errorf("ListToolCalls without approvals: %v %v", l, err)
+	}
+	if _, err := e.srv.AnswerToolCall(ctx, &gatewayv1.AnswerToolCallRequest{Run: run.Id, ToolCallId: "toolu_x", Allow: true}); code(err) != codes.NotFound {
+		t.Errorf("AnswerToolCall unknown: %v", err)
 	}
 }
 
