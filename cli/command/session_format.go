@@ -1,6 +1,7 @@
 package command
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -227,7 +228,9 @@ func sessionWriteTurnEnd(w io.Writer, name string, t *sessionv1.Turn) {
 		fmt.Fprintf(w, "\n%s\n", r)
 	}
 	if sr := t.GetStructuredResult(); sr != nil {
-		if b, err := sr.MarshalJSON(); err == nil {
+		// encoding/json, not protojson: protojson varies its whitespace on
+		// purpose, and this line is read by people and golden files.
+		if b, err := json.Marshal(sr.AsMap()); err == nil {
 			fmt.Fprintf(w, "\nstructured result: %s\n", b)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,8 +60,10 @@ type world struct {
 	keys   *vault.Keyring
 	eng    *checkpoint.Engine
 	exec   checkpoint.Executor
-	now    time.Time
-	opts   checkpoint.Options
+	// ticks counts clock readings; shared by copies of the world made for
+	// parallel subtests, so it is atomic.
+	ticks *atomic.Int64
+	opts  checkpoint.Options
 }
 
 func newKeys(t testing.TB) *vault.Keyring {
@@ -75,7 +78,7 @@ func newKeys(t testing.TB) *vault.Keyring {
 
 func newWorld(t testing.TB, tweak ...func(*checkpoint.Options)) *world {
 	t.Helper()
-	w := &world{t: t, now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	w := &world{t: t, ticks: new(atomic.Int64)}
 	w.origin = t.TempDir()
 	git(t, w.origin, "init", "-q", "-b", "main")
 	write(t, w.origin, "README.md", "hello\n", 0o644)
@@ -114,9 +117,12 @@ func (w *world) reopen() {
 	w.eng = eng
 }
 
+// clockStart is the injected clock's first reading; each reading is a
+// second later than the one before.
+var clockStart = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
 func (w *world) clock() time.Time {
-	w.now = w.now.Add(time.Second)
-	return w.now
+	return clockStart.Add(time.Duration(w.ticks.Add(1)) * time.Second)
 }
 
 // sandbox makes a fresh "sandbox": a clone of origin at the base on the
