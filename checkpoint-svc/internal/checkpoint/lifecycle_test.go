@@ -18,10 +18,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/api/sandboxexec"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/checkpoint"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/gcsstore"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/hostexec"
-	"github.com/hangar-dev/hangar/checkpoint-svc/internal/sandboxexec"
 )
 
 func TestRetentionArchiveIncremental(t *testing.T) {
