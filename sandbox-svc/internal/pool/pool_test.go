@@ -105,7 +105,9 @@ func TestRefillBoundedAndNeverOverCreates(t *testing.T) {
 	for range 10 {
 		lim <- struct{}{}
 	}
-	waitFor(t, "three in flight", func() bool { return p.Stats().Creating == 3 })
+	// Wait for the creates themselves, not the pool's count: the pool counts
+	// a create before its goroutine calls Create.
+	waitFor(t, "three in flight", func() bool { return p.Stats().Creating == 3 && h.inFlight.Load() == 3 })
 	close(h.release)
 	waitFor(t, "three ready", func() bool { s := p.Stats(); return s.Ready == 3 && s.Creating == 0 })
 	if got := h.maxFlight.Load(); got != 3 {
