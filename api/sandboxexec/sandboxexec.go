@@ -26,6 +26,17 @@ type Client struct {
 // New returns a Client over c.
 func New(c sandboxv1.SandboxServiceClient) *Client { return &Client{sandboxes: c} }
 
+// SignalError: the command ran and was killed by a signal.
+type SignalError struct{ Signal string }
+
+func (e *SignalError) Error() string { return "exec: command killed by signal " + e.Signal }
+
+// NotStartedError: the command could not start (e.g. a bad working
+// directory); a missing binary instead exits 127 with its stderr.
+type NotStartedError struct{ Reason string }
+
+func (e *NotStartedError) Error() string { return "exec: command did not start: " + e.Reason }
+
 // ErrNoExit: the stream ended without an exit message.
 var ErrNoExit = errors.New("exec stream ended without an exit status")
 
@@ -120,9 +131,9 @@ func receive(stream sandboxv1.SandboxService_ExecClient, stdout, stderr io.Write
 			x := m.Exit
 			switch {
 			case x.GetError() != "":
-				return -1, fmt.Errorf("exec: command did not start: %s", x.GetError())
+				return -1, &NotStartedError{Reason: x.GetError()}
 			case x.GetSignal() != "":
-				return -1, fmt.Errorf("exec: command killed by signal %s", x.GetSignal())
+				return -1, &SignalError{Signal: x.GetSignal()}
 			}
 			return int(x.GetExitCode()), nil
 		}

@@ -32,6 +32,7 @@ func Root(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command
 	root.AddCommand(sandboxCommand(streams, lookupEnv), environmentCommand(streams, lookupEnv))
 	root.AddCommand(sessionCommand(streams, lookupEnv))
 	root.AddCommand(checkpointCommand(streams, lookupEnv))
+	root.AddCommand(jobCommand(streams, lookupEnv))
 	return root
 }
 

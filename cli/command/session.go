@@ -213,6 +213,7 @@ func sessionCommand(streams Streams, lookupEnv func(string) (string, bool)) *cob
 		sessionPullCommand(streams, lookupEnv),
 		sessionSteerCommand(streams, lookupEnv),
 		sessionInterruptCommand(streams, lookupEnv),
+		sessionForkCommand(streams, lookupEnv),
 		sessionApprovalsCommand(streams, lookupEnv),
 	)
 	return cmd

@@ -311,8 +311,8 @@ func sessionFormatSessionList(w io.Writer, sessions []*sessionv1.Session, now ti
 	for _, s := range sessions {
 		turns, cost := "-", "-"
 		// The list carries turns and usage only when the server fills them.
-		if s.GetUsage() != nil || len(s.GetTurns()) > 0 {
-			turns = fmt.Sprint(len(s.GetTurns()))
+		if s.GetUsage() != nil || s.GetTurnCount() > 0 {
+			turns = fmt.Sprint(s.GetTurnCount())
 			cost = sessionCost(s.GetUsage().GetCostUsd())
 		}
 		active := s.GetLastActiveAt()

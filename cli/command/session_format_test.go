@@ -155,7 +155,7 @@ func TestSessionGetGolden(t *testing.T) {
 func TestSessionListGolden(t *testing.T) {
 	list := []*sessionv1.Session{
 		{Name: "onboarding", State: sessionv1.SessionState_SESSION_STATE_RUNNING, Harness: sessionv1.Harness_HARNESS_CLAUDE, Environment: "early-signal", LastActiveAt: sessionAt(-3 * time.Second),
-			Turns: sessionTurns(), Usage: &sessionv1.Usage{CostUsd: 1.9255}},
+			TurnCount: 3, Usage: &sessionv1.Usage{CostUsd: 1.9255}},
 		{Name: "api", State: sessionv1.SessionState_SESSION_STATE_NEEDS_INPUT, Harness: sessionv1.Harness_HARNESS_CODEX, Environment: "local", LastActiveAt: sessionAt(-42 * time.Minute)},
 		{Name: "old-experiment", State: sessionv1.SessionState_SESSION_STATE_SUSPENDED, Harness: sessionv1.Harness_HARNESS_PI, Environment: "local", LastActiveAt: sessionAt(-9 * 24 * time.Hour)},
 		{Name: "never-active", State: sessionv1.SessionState_SESSION_STATE_ARCHIVED, Harness: sessionv1.Harness_HARNESS_ANTIGRAVITY, Environment: "local", CreatedAt: sessionAt(-3*time.Hour - 20*time.Minute)},

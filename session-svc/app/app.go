@@ -121,7 +121,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 			Harnesses: harness.Options{
 				ClaudeBin: cfg.ClaudeBin, CodexBin: cfg.CodexBin, PiBin: cfg.PiBin, PiNodeBinDir: cfg.PiNodeBinDir,
 			},
+			ForkMax: cfg.ForkMax,
 		},
+		Claims: sessions.NewClaims(redis.Client, "hangar:session:claims:"),
 	})
 	sessionsServer := server.New(a.manager, records, holdStore)
 	a.svc, err = service.New(ctx, service.Options{
@@ -130,7 +132,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		Logger: logger,
 		Register: func(s *grpc.Server) {
 			sessionv1.RegisterSessionServiceServer(s, sessionsServer)
-			sessionv1.RegisterJobServiceServer(s, &server.Jobs{})
+			sessionv1.RegisterJobServiceServer(s, server.NewJobs(sessions.NewJobs(a.manager)))
 		},
 		Gateways: []service.Gateway{
 			sessionv1.RegisterSessionServiceHandler,

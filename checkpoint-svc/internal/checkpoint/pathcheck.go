@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	"io"
 	"path"
 	"strconv"
@@ -25,6 +26,24 @@ type tarPolicy struct {
 	// symlinks already in the target (cleaned, relative for the work tree):
 	// nothing may be written through them.
 	symlinks map[string]bool
+	// relocate moves entries under a root to another place (absolute
+	// policies only); directory entries above a moved root are dropped.
+	relocate []*checkpointv1.PathRewrite
+}
+
+// moved returns where a checked absolute name goes, and whether it is kept.
+func (pol tarPolicy) moved(name string) (string, bool) {
+	for _, r := range pol.relocate {
+		from := r.GetFrom()
+		if name == from || strings.HasPrefix(name, from+"/") {
+			return r.GetTo() + name[len(from):], true
+		}
+		if strings.HasPrefix(from, name+"/") || name == "/" {
+			// A parent of a moved root: it belongs to the old place.
+			return "", false
+		}
+	}
+	return name, true
 }
 
 // filterTar reads a tarball, checks every header, and writes the entries
@@ -87,8 +106,19 @@ func filterTar(src io.Reader, w io.Writer, pol tarPolicy) ([]string, error) {
 			files[name] = true
 		}
 		names = append(names, name)
+		outName, outLink := hdr.Name, hdr.Linkname
+		if len(pol.relocate) > 0 {
+			var keep bool
+			if outName, keep = pol.moved(name); !keep {
+				continue
+			}
+			if hdr.Typeflag == tar.TypeLink {
+				target, _ := pol.clean(hdr.Linkname)
+				outLink, _ = pol.moved(target)
+			}
+		}
 		out := &tar.Header{
-			Typeflag: hdr.Typeflag, Name: hdr.Name, Linkname: hdr.Linkname,
+			Typeflag: hdr.Typeflag, Name: outName, Linkname: outLink,
 			Size: hdr.Size, Mode: hdr.Mode & 0o7777, ModTime: hdr.ModTime,
 			Uid: hdr.Uid, Gid: hdr.Gid, Format: tar.FormatGNU,
 		}

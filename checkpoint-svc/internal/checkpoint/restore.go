@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"path"
+	"slices"
 	"strings"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
@@ -45,10 +46,23 @@ func (e *Engine) Restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 			return nil, "", err
 		}
 	}
+	for _, r := range req.GetRelocate() {
+		if err := checkAbs("relocate.from", r.GetFrom()); err != nil {
+			return nil, "", err
+		}
+		if err := checkAbs("relocate.to", r.GetTo()); err != nil {
+			return nil, "", err
+		}
+	}
 	id := req.GetCheckpointId()
 	m, err := e.readManifest(ctx, id)
 	if err != nil {
 		return nil, "", err
+	}
+	for _, r := range req.GetRelocate() {
+		if !slices.Contains(m.cp.GetConversationPaths(), r.GetFrom()) {
+			return nil, "", fault.InvalidArgument("relocate.from", "relocate.from %q is not one of the checkpoint's conversation paths", r.GetFrom())
+		}
 	}
 	tree, err := e.restore(ctx, req, m)
 	return m.cp, tree, domainErr(id, err)
@@ -171,7 +185,7 @@ func (e *Engine) restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 				}
 			}
 			err = stagePart(p, "conversation.tar", func(src io.Reader, dst io.Writer) error {
-				_, err := filterTar(src, dst, tarPolicy{absolute: true, roots: roots})
+				_, err := filterTar(src, dst, tarPolicy{absolute: true, roots: roots, relocate: req.GetRelocate()})
 				return err
 			})
 		}

@@ -34,10 +34,10 @@ func New(m *sessions.Manager, st *store.Store, h *holds.Holds) *Sessions {
 	return &Sessions{m: m, store: st, holds: h}
 }
 
-// Jobs serves hangar.session.v1.JobService. Jobs and best-of-N come with the
-// forks issue; until then every RPC answers Unimplemented.
+// Jobs serves hangar.session.v1.JobService (jobs.go).
 type Jobs struct {
 	sessionv1.UnimplementedJobServiceServer
+	jobs *sessions.Jobs
 }
 
 var harnessNames = map[sessionv1.Harness]string{
@@ -72,24 +72,21 @@ func attachmentsFrom(in []*sessionv1.Attachment) []sessions.Attachment {
 
 // CreateSession implements session new.
 func (s *Sessions) CreateSession(ctx context.Context, req *sessionv1.CreateSessionRequest) (*sessionv1.CreateSessionResponse, error) {
-	if req.GetFromLocal() != nil {
-		return nil, fault.Unimplemented("--from-local is not supported yet")
-	}
-	if req.GetOutputSchemaJson() != "" {
-		return nil, fault.Unimplemented("--schema is not supported yet")
-	}
 	n := sessions.NewSession{
 		Name: req.GetName(), Environment: req.GetEnvironment(), Repo: req.GetRepo(),
 		Harness: harnessName(req.GetHarness()), Branch: req.GetBranch(),
 		Model: req.GetModel(), CacheTTL: req.GetCacheTtl(), HarnessLock: req.GetHarnessLock(),
 		Budget: budgetFrom(req.GetBudget()),
-		Turn:   sessions.TurnInput{Message: req.GetMessage(), Attachments: attachmentsFrom(req.GetAttachments())},
+		Turn: sessions.TurnInput{
+			Message: req.GetMessage(), Attachments: attachmentsFrom(req.GetAttachments()), OutputSchema: req.GetOutputSchemaJson(),
+		},
+		FromLocal: localWorkFrom(req.GetFromLocal()),
 	}
 	if req.GetHarnessLock() != "" {
 		return nil, fault.Unimplemented("harness locks are not supported yet")
 	}
 	if req.GetApprovals() == sessionv1.ApprovalMode_APPROVAL_MODE_ASK {
-		return nil, fault.Unimplemented("--approvals ask is not supported yet")
+		n.Approvals = sessions.ApprovalsAsk
 	}
 	if req.IdleMinutes != nil {
 		v := int(req.GetIdleMinutes())
@@ -121,7 +118,12 @@ func (s *Sessions) ListSessions(ctx context.Context, req *sessionv1.ListSessions
 	}
 	resp := &sessionv1.ListSessionsResponse{NextPageToken: next}
 	for _, sess := range list {
-		resp.Sessions = append(resp.Sessions, sessionProto(sess))
+		// session adds the usage of the session's own turns.
+		out, err := s.session(ctx, sess, false)
+		if err != nil {
+			return nil, err
+		}
+		resp.Sessions = append(resp.Sessions, out)
 	}
 	return resp, nil
 }
@@ -161,6 +163,7 @@ func (s *Sessions) session(ctx context.Context, sess *store.Session, detail bool
 		}
 	}
 	out.Usage = &total
+	out.TurnCount = int32(len(turns))
 	if !detail {
 		return out, nil
 	}
@@ -202,10 +205,10 @@ func (s *Sessions) session(ctx context.Context, sess *store.Session, detail bool
 
 // SendMessage implements session send.
 func (s *Sessions) SendMessage(ctx context.Context, req *sessionv1.SendMessageRequest) (*sessionv1.SendMessageResponse, error) {
-	if req.GetOutputSchemaJson() != "" {
-		return nil, fault.Unimplemented("--schema is not supported yet")
+	in := sessions.TurnInput{
+		Message: req.GetMessage(), Attachments: attachmentsFrom(req.GetAttachments()), Harness: harnessName(req.GetHarness()),
+		OutputSchema: req.GetOutputSchemaJson(),
 	}
-	in := sessions.TurnInput{Message: req.GetMessage(), Attachments: attachmentsFrom(req.GetAttachments()), Harness: harnessName(req.GetHarness())}
 	if req.GetBudget() != nil {
 		b := budgetFrom(req.GetBudget())
 		in.Budget = &b

@@ -43,6 +43,8 @@ type Config struct {
 	ReapInterval time.Duration
 	// LeaseTTL is the sandbox lease's TTL; it is renewed at a third of it.
 	LeaseTTL time.Duration
+	// ForkMax is the most forks one Fork call makes (HANGAR_FORK_MAX).
+	ForkMax int
 }
 
 // Deps are the lifecycle's collaborators.
@@ -57,6 +59,9 @@ type Deps struct {
 	Logger    *slog.Logger
 	Now       func() time.Time
 	Config    Config
+	// Claims keeps one session per conversation id; nil claims nothing
+	// (forks still fork their parent's conversation on their first turn).
+	Claims *Claims
 }
 
 // Manager runs sessions.

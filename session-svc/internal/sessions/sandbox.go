@@ -127,10 +127,15 @@ func (m *Manager) boot(ctx context.Context, s *store.Session) (*store.Session, e
 		newest := checkpoints[0]
 		_, err := m.d.Checkpoints.RestoreCheckpoint(ctx, &checkpointv1.RestoreCheckpointRequest{
 			CheckpointId: newest.GetId(), SandboxId: sb.GetId(), FencingToken: lease.GetFencingToken(),
-			WorkDir: sb.GetWorkDir(), Branch: s.Branch,
+			WorkDir: sb.GetWorkDir(), Branch: s.Branch, Relocate: relocation(sb, newest),
 		})
 		if err != nil {
 			return fail(fmt.Errorf("restore checkpoint %s of %s: %w", newest.GetId(), s.Name, err))
+		}
+		// A checkpoint keeps no .git/config: without an identity again
+		// the agent could not commit after a resume.
+		if err := m.run(ctx, sb.GetId(), lease.GetFencingToken(), []string{"sh", "-c", gitIdentityScript}, nil); err != nil {
+			return fail(fmt.Errorf("git identity of %s: %w", s.Name, err))
 		}
 	} else {
 		if base == "" {
@@ -141,6 +146,9 @@ git config user.email >/dev/null || git config user.email hangar@localhost
 git checkout -q -B "$1"`
 		if err := m.run(ctx, sb.GetId(), lease.GetFencingToken(), []string{"sh", "-c", script, "sh", s.Branch}, nil); err != nil {
 			return fail(fmt.Errorf("create branch %s: %w", s.Branch, err))
+		}
+		if err := m.applyLocalWork(ctx, s, sb, lease.GetFencingToken()); err != nil {
+			return fail(err)
 		}
 	}
 	if err := m.installAgentTool(ctx, sb, lease.GetFencingToken()); err != nil {
@@ -156,6 +164,9 @@ git checkout -q -B "$1"`
 	})
 	if err != nil {
 		return fail(fmt.Errorf("record sandbox of %s: %w", s.Name, err))
+	}
+	if len(checkpoints) == 0 {
+		m.forgetLocalWork(ctx, s.Name)
 	}
 	return updated, nil
 }

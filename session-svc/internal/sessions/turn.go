@@ -30,6 +30,9 @@ type NewSession struct {
 	Model, CacheTTL, Approvals, HarnessLock  string
 	IdleMinutes                              *int
 	Budget                                   store.Budget
+	// FromLocal is --from-local: applied on the session branch at its
+	// first boot.
+	FromLocal *LocalWork
 	// First turn; none when Message is empty.
 	Turn TurnInput
 }
@@ -42,6 +45,9 @@ type TurnInput struct {
 	Harness string
 	// Budget overrides the session's for this turn when set.
 	Budget *store.Budget
+	// OutputSchema is --schema: a JSON Schema the turn's final answer ends
+	// with a JSON object for (the turn's structured result).
+	OutputSchema string
 }
 
 // Attachment is context given with a message: a file the agent finds under
@@ -81,6 +87,14 @@ func (m *Manager) Create(ctx context.Context, n NewSession) (*store.Session, *st
 	if n.Repo != "" {
 		return nil, nil, fault.Unimplemented("--repo is not supported yet: define an environment with that repository (hangar env apply) and use -e")
 	}
+	if n.FromLocal != nil {
+		if err := n.FromLocal.validate(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := validOutputSchema(n.Turn.OutputSchema); err != nil {
+		return nil, nil, err
+	}
 	now := m.now()
 	s := &store.Session{
 		Name: n.Name, Environment: n.Environment, Harness: n.Harness, Branch: n.Branch,
@@ -96,6 +110,11 @@ func (m *Manager) Create(ctx context.Context, n NewSession) (*store.Session, *st
 			return nil, nil, fault.AlreadyExists("SESSION_EXISTS", "session %q already exists: send to it, or pick another name", n.Name)
 		}
 		return nil, nil, fmt.Errorf("create session %s: %w", n.Name, err)
+	}
+	if n.FromLocal != nil {
+		if err := m.keepLocalWork(ctx, n.Name, n.FromLocal); err != nil {
+			return nil, nil, err
+		}
 	}
 	if n.Turn.Message == "" {
 		return s, nil, nil
@@ -134,6 +153,9 @@ func (m *Manager) Send(ctx context.Context, name string, in TurnInput) (*store.S
 		if err := validBudget(*in.Budget); err != nil {
 			return nil, nil, err
 		}
+	}
+	if err := validOutputSchema(in.OutputSchema); err != nil {
+		return nil, nil, err
 	}
 	cur, err := m.get(ctx, name)
 	if err != nil {
@@ -199,6 +221,8 @@ type turnResult struct {
 	question              *store.Question
 	runID                 string
 	warnings              []string
+	// structured is the --schema result, JSON.
+	structured string
 }
 
 // runTurn runs one turn to its end: boot if needed, run the harness, read
@@ -290,10 +314,13 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 		message = m.handoff(ctx, name, number, message)
 		conversation = ""
 	}
+	// A conversation another session holds (a fork's first turn) is forked.
+	message, conversation, forkFrom := m.conversationFor(ctx, s, adapter, number, message, conversation)
 	message, err = m.placeAttachments(ctx, s, sb, in.Attachments, message)
 	if err != nil {
 		return failed("attachments could not be placed", err)
 	}
+	message = withOutputSchema(message, in.OutputSchema)
 
 	limit := m.cfg.TurnTimeout
 	limitReason := "turn timeout"
@@ -310,6 +337,7 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 		Budget:     &gatewayv1.Budget{MaxCostUsd: turn.Budget.MaxCostUSD, MaxTokens: turn.Budget.MaxTokens},
 		TtlSeconds: int32((limit + 5*time.Minute) / time.Second),
 		CacheTtl:   cache,
+		Approvals:  s.Approvals == ApprovalsAsk,
 	})
 	if err != nil {
 		return failed("gateway refused the run", err)
@@ -324,8 +352,8 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 		}
 	}()
 
-	hturn := harness.Turn{Message: message, ConversationID: conversation}
-	if conversation == "" {
+	hturn := harness.Turn{Message: message, ConversationID: conversation, ForkFrom: forkFrom}
+	if conversation == "" || forkFrom != "" {
 		hturn.NewConversationID = uuid.NewString()
 	}
 	inv, err := adapter.Invocation(
@@ -372,6 +400,13 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	result := parser.Result()
 
 	res := turnResult{command: command, runID: runID, conversationID: result.ConversationID, text: result.Text}
+	if in.OutputSchema != "" {
+		var warning string
+		res.structured, warning = structuredResult(result.Text, in.OutputSchema)
+		if warning != "" {
+			res.warnings = append(res.warnings, warning)
+		}
+	}
 	if res.conversationID == "" {
 		res.conversationID = inv.ConversationID
 	}
@@ -404,7 +439,7 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	case question != nil:
 		res.outcome, res.reason = "needs_input", "the agent asked a question"
 	case execErr != nil:
-		res.outcome, res.reason = "failed", "the agent could not run: "+publicMessage(execErr)
+		res.outcome, res.reason = "failed", execFailure(execErr)
 	case code != 0 || result.IsError:
 		reason := result.ErrorText
 		if reason == "" {
@@ -483,6 +518,7 @@ func (m *Manager) finishTurn(ctx context.Context, log interface {
 	// session already out of running.
 	_, err = m.d.Store.UpdateTurn(ctx, name, number, func(t *store.Turn) error {
 		t.Outcome, t.OutcomeReason, t.Result = res.outcome, res.reason, res.text
+		t.StructuredResultJSON = res.structured
 		t.Summary = summarize(res.text)
 		t.Usage = res.usage
 		t.CheckpointID = checkpointID

@@ -221,7 +221,12 @@ type RestoreCheckpointRequest struct {
 	// harness to find its conversation.
 	WorkDir string `protobuf:"bytes,4,opt,name=work_dir,json=workDir,proto3" json:"work_dir,omitempty"`
 	// Restore onto this branch name instead of the captured one (forks).
-	Branch        string `protobuf:"bytes,5,opt,name=branch,proto3" json:"branch,omitempty"`
+	Branch string `protobuf:"bytes,5,opt,name=branch,proto3" json:"branch,omitempty"`
+	// Conversation files captured under a `from` path are restored under its
+	// `to` instead (a fork's sandbox is not its parent's: the harness looks
+	// for the conversation under the fork's own home and work tree). Each
+	// `from` must be one of the checkpoint's conversation paths.
+	Relocate      []*PathRewrite `protobuf:"bytes,6,rep,name=relocate,proto3" json:"relocate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -291,6 +296,66 @@ func (x *RestoreCheckpointRequest) GetBranch() string {
 	return ""
 }
 
+func (x *RestoreCheckpointRequest) GetRelocate() []*PathRewrite {
+	if x != nil {
+		return x.Relocate
+	}
+	return nil
+}
+
+// PathRewrite moves a captured path prefix to another place at restore.
+type PathRewrite struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PathRewrite) Reset() {
+	*x = PathRewrite{}
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PathRewrite) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PathRewrite) ProtoMessage() {}
+
+func (x *PathRewrite) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PathRewrite.ProtoReflect.Descriptor instead.
+func (*PathRewrite) Descriptor() ([]byte, []int) {
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PathRewrite) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *PathRewrite) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
 type RestoreCheckpointResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Checkpoint *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
@@ -302,7 +367,7 @@ type RestoreCheckpointResponse struct {
 
 func (x *RestoreCheckpointResponse) Reset() {
 	*x = RestoreCheckpointResponse{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[3]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -314,7 +379,7 @@ func (x *RestoreCheckpointResponse) String() string {
 func (*RestoreCheckpointResponse) ProtoMessage() {}
 
 func (x *RestoreCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[3]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -327,7 +392,7 @@ func (x *RestoreCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*RestoreCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{3}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RestoreCheckpointResponse) GetCheckpoint() *Checkpoint {
@@ -355,7 +420,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[4]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +432,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[4]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +445,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{4}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListCheckpointsRequest) GetSession() string {
@@ -415,7 +480,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[5]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +492,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[5]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +505,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{5}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
@@ -466,7 +531,7 @@ type GetCheckpointRequest struct {
 
 func (x *GetCheckpointRequest) Reset() {
 	*x = GetCheckpointRequest{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[6]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -478,7 +543,7 @@ func (x *GetCheckpointRequest) String() string {
 func (*GetCheckpointRequest) ProtoMessage() {}
 
 func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[6]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -491,7 +556,7 @@ func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{6}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetCheckpointRequest) GetCheckpointId() string {
@@ -510,7 +575,7 @@ type GetCheckpointResponse struct {
 
 func (x *GetCheckpointResponse) Reset() {
 	*x = GetCheckpointResponse{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[7]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -522,7 +587,7 @@ func (x *GetCheckpointResponse) String() string {
 func (*GetCheckpointResponse) ProtoMessage() {}
 
 func (x *GetCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[7]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -535,7 +600,7 @@ func (x *GetCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{7}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetCheckpointResponse) GetCheckpoint() *Checkpoint {
@@ -554,7 +619,7 @@ type VerifyCheckpointRequest struct {
 
 func (x *VerifyCheckpointRequest) Reset() {
 	*x = VerifyCheckpointRequest{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[8]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -566,7 +631,7 @@ func (x *VerifyCheckpointRequest) String() string {
 func (*VerifyCheckpointRequest) ProtoMessage() {}
 
 func (x *VerifyCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[8]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -579,7 +644,7 @@ func (x *VerifyCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*VerifyCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{8}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *VerifyCheckpointRequest) GetCheckpointId() string {
@@ -601,7 +666,7 @@ type VerifyCheckpointResponse struct {
 
 func (x *VerifyCheckpointResponse) Reset() {
 	*x = VerifyCheckpointResponse{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[9]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +678,7 @@ func (x *VerifyCheckpointResponse) String() string {
 func (*VerifyCheckpointResponse) ProtoMessage() {}
 
 func (x *VerifyCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[9]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +691,7 @@ func (x *VerifyCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*VerifyCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{9}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *VerifyCheckpointResponse) GetCheckpoint() *Checkpoint {
@@ -659,7 +724,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[10]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +736,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[10]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +749,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{10}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteCheckpointRequest) GetCheckpointId() string {
@@ -702,7 +767,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[11]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -714,7 +779,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[11]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -727,7 +792,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{11}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{12}
 }
 
 type ArchiveSessionCheckpointsRequest struct {
@@ -739,7 +804,7 @@ type ArchiveSessionCheckpointsRequest struct {
 
 func (x *ArchiveSessionCheckpointsRequest) Reset() {
 	*x = ArchiveSessionCheckpointsRequest{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[12]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +816,7 @@ func (x *ArchiveSessionCheckpointsRequest) String() string {
 func (*ArchiveSessionCheckpointsRequest) ProtoMessage() {}
 
 func (x *ArchiveSessionCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[12]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +829,7 @@ func (x *ArchiveSessionCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchiveSessionCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ArchiveSessionCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{12}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ArchiveSessionCheckpointsRequest) GetSession() string {
@@ -783,7 +848,7 @@ type ArchiveSessionCheckpointsResponse struct {
 
 func (x *ArchiveSessionCheckpointsResponse) Reset() {
 	*x = ArchiveSessionCheckpointsResponse{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[13]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +860,7 @@ func (x *ArchiveSessionCheckpointsResponse) String() string {
 func (*ArchiveSessionCheckpointsResponse) ProtoMessage() {}
 
 func (x *ArchiveSessionCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[13]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +873,7 @@ func (x *ArchiveSessionCheckpointsResponse) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use ArchiveSessionCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ArchiveSessionCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{13}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ArchiveSessionCheckpointsResponse) GetDeleted() int32 {
@@ -830,7 +895,7 @@ type ForkCheckpointRequest struct {
 
 func (x *ForkCheckpointRequest) Reset() {
 	*x = ForkCheckpointRequest{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[14]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +907,7 @@ func (x *ForkCheckpointRequest) String() string {
 func (*ForkCheckpointRequest) ProtoMessage() {}
 
 func (x *ForkCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[14]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +920,7 @@ func (x *ForkCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*ForkCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{14}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ForkCheckpointRequest) GetCheckpointId() string {
@@ -888,7 +953,7 @@ type ForkCheckpointResponse struct {
 
 func (x *ForkCheckpointResponse) Reset() {
 	*x = ForkCheckpointResponse{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[15]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +965,7 @@ func (x *ForkCheckpointResponse) String() string {
 func (*ForkCheckpointResponse) ProtoMessage() {}
 
 func (x *ForkCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[15]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +978,7 @@ func (x *ForkCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*ForkCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{15}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ForkCheckpointResponse) GetCheckpoint() *Checkpoint {
@@ -932,7 +997,7 @@ type GetCheckpointPatchRequest struct {
 
 func (x *GetCheckpointPatchRequest) Reset() {
 	*x = GetCheckpointPatchRequest{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[16]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -944,7 +1009,7 @@ func (x *GetCheckpointPatchRequest) String() string {
 func (*GetCheckpointPatchRequest) ProtoMessage() {}
 
 func (x *GetCheckpointPatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[16]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -957,7 +1022,7 @@ func (x *GetCheckpointPatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointPatchRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointPatchRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{16}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetCheckpointPatchRequest) GetCheckpointId() string {
@@ -977,7 +1042,7 @@ type GetCheckpointPatchResponse struct {
 
 func (x *GetCheckpointPatchResponse) Reset() {
 	*x = GetCheckpointPatchResponse{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[17]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -989,7 +1054,7 @@ func (x *GetCheckpointPatchResponse) String() string {
 func (*GetCheckpointPatchResponse) ProtoMessage() {}
 
 func (x *GetCheckpointPatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[17]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1002,7 +1067,7 @@ func (x *GetCheckpointPatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointPatchResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointPatchResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{17}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetCheckpointPatchResponse) GetPatch() string {
@@ -1029,7 +1094,7 @@ type ReadPartRequest struct {
 
 func (x *ReadPartRequest) Reset() {
 	*x = ReadPartRequest{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[18]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1041,7 +1106,7 @@ func (x *ReadPartRequest) String() string {
 func (*ReadPartRequest) ProtoMessage() {}
 
 func (x *ReadPartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[18]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1054,7 +1119,7 @@ func (x *ReadPartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadPartRequest.ProtoReflect.Descriptor instead.
 func (*ReadPartRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{18}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadPartRequest) GetCheckpointId() string {
@@ -1080,7 +1145,7 @@ type ReadPartResponse struct {
 
 func (x *ReadPartResponse) Reset() {
 	*x = ReadPartResponse{}
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[19]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1157,7 @@ func (x *ReadPartResponse) String() string {
 func (*ReadPartResponse) ProtoMessage() {}
 
 func (x *ReadPartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[19]
+	mi := &file_hangar_checkpoint_v1_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1170,7 @@ func (x *ReadPartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadPartResponse.ProtoReflect.Descriptor instead.
 func (*ReadPartResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{19}
+	return file_hangar_checkpoint_v1_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadPartResponse) GetChunk() []byte {
@@ -1140,14 +1205,18 @@ const file_hangar_checkpoint_v1_service_proto_rawDesc = "" +
 	"checkpoint\x18\x01 \x01(\v2 .hangar.checkpoint.v1.CheckpointR\n" +
 	"checkpoint\x129\n" +
 	"\bwarnings\x18\x02 \x03(\v2\x1d.hangar.checkpoint.v1.WarningR\bwarnings\x12\x18\n" +
-	"\acreated\x18\x03 \x01(\bR\acreated\"\xb6\x01\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\"\xf5\x01\n" +
 	"\x18RestoreCheckpointRequest\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12#\n" +
 	"\rfencing_token\x18\x03 \x01(\x04R\ffencingToken\x12\x19\n" +
 	"\bwork_dir\x18\x04 \x01(\tR\aworkDir\x12\x16\n" +
-	"\x06branch\x18\x05 \x01(\tR\x06branch\"z\n" +
+	"\x06branch\x18\x05 \x01(\tR\x06branch\x12=\n" +
+	"\brelocate\x18\x06 \x03(\v2!.hangar.checkpoint.v1.PathRewriteR\brelocate\"1\n" +
+	"\vPathRewrite\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\"z\n" +
 	"\x19RestoreCheckpointResponse\x12@\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2 .hangar.checkpoint.v1.CheckpointR\n" +
@@ -1226,68 +1295,70 @@ func file_hangar_checkpoint_v1_service_proto_rawDescGZIP() []byte {
 	return file_hangar_checkpoint_v1_service_proto_rawDescData
 }
 
-var file_hangar_checkpoint_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_hangar_checkpoint_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_hangar_checkpoint_v1_service_proto_goTypes = []any{
 	(*CaptureCheckpointRequest)(nil),          // 0: hangar.checkpoint.v1.CaptureCheckpointRequest
 	(*CaptureCheckpointResponse)(nil),         // 1: hangar.checkpoint.v1.CaptureCheckpointResponse
 	(*RestoreCheckpointRequest)(nil),          // 2: hangar.checkpoint.v1.RestoreCheckpointRequest
-	(*RestoreCheckpointResponse)(nil),         // 3: hangar.checkpoint.v1.RestoreCheckpointResponse
-	(*ListCheckpointsRequest)(nil),            // 4: hangar.checkpoint.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),           // 5: hangar.checkpoint.v1.ListCheckpointsResponse
-	(*GetCheckpointRequest)(nil),              // 6: hangar.checkpoint.v1.GetCheckpointRequest
-	(*GetCheckpointResponse)(nil),             // 7: hangar.checkpoint.v1.GetCheckpointResponse
-	(*VerifyCheckpointRequest)(nil),           // 8: hangar.checkpoint.v1.VerifyCheckpointRequest
-	(*VerifyCheckpointResponse)(nil),          // 9: hangar.checkpoint.v1.VerifyCheckpointResponse
-	(*DeleteCheckpointRequest)(nil),           // 10: hangar.checkpoint.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),          // 11: hangar.checkpoint.v1.DeleteCheckpointResponse
-	(*ArchiveSessionCheckpointsRequest)(nil),  // 12: hangar.checkpoint.v1.ArchiveSessionCheckpointsRequest
-	(*ArchiveSessionCheckpointsResponse)(nil), // 13: hangar.checkpoint.v1.ArchiveSessionCheckpointsResponse
-	(*ForkCheckpointRequest)(nil),             // 14: hangar.checkpoint.v1.ForkCheckpointRequest
-	(*ForkCheckpointResponse)(nil),            // 15: hangar.checkpoint.v1.ForkCheckpointResponse
-	(*GetCheckpointPatchRequest)(nil),         // 16: hangar.checkpoint.v1.GetCheckpointPatchRequest
-	(*GetCheckpointPatchResponse)(nil),        // 17: hangar.checkpoint.v1.GetCheckpointPatchResponse
-	(*ReadPartRequest)(nil),                   // 18: hangar.checkpoint.v1.ReadPartRequest
-	(*ReadPartResponse)(nil),                  // 19: hangar.checkpoint.v1.ReadPartResponse
-	(CheckpointReason)(0),                     // 20: hangar.checkpoint.v1.CheckpointReason
-	(*Checkpoint)(nil),                        // 21: hangar.checkpoint.v1.Checkpoint
-	(*Warning)(nil),                           // 22: hangar.checkpoint.v1.Warning
-	(PartKind)(0),                             // 23: hangar.checkpoint.v1.PartKind
+	(*PathRewrite)(nil),                       // 3: hangar.checkpoint.v1.PathRewrite
+	(*RestoreCheckpointResponse)(nil),         // 4: hangar.checkpoint.v1.RestoreCheckpointResponse
+	(*ListCheckpointsRequest)(nil),            // 5: hangar.checkpoint.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),           // 6: hangar.checkpoint.v1.ListCheckpointsResponse
+	(*GetCheckpointRequest)(nil),              // 7: hangar.checkpoint.v1.GetCheckpointRequest
+	(*GetCheckpointResponse)(nil),             // 8: hangar.checkpoint.v1.GetCheckpointResponse
+	(*VerifyCheckpointRequest)(nil),           // 9: hangar.checkpoint.v1.VerifyCheckpointRequest
+	(*VerifyCheckpointResponse)(nil),          // 10: hangar.checkpoint.v1.VerifyCheckpointResponse
+	(*DeleteCheckpointRequest)(nil),           // 11: hangar.checkpoint.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),          // 12: hangar.checkpoint.v1.DeleteCheckpointResponse
+	(*ArchiveSessionCheckpointsRequest)(nil),  // 13: hangar.checkpoint.v1.ArchiveSessionCheckpointsRequest
+	(*ArchiveSessionCheckpointsResponse)(nil), // 14: hangar.checkpoint.v1.ArchiveSessionCheckpointsResponse
+	(*ForkCheckpointRequest)(nil),             // 15: hangar.checkpoint.v1.ForkCheckpointRequest
+	(*ForkCheckpointResponse)(nil),            // 16: hangar.checkpoint.v1.ForkCheckpointResponse
+	(*GetCheckpointPatchRequest)(nil),         // 17: hangar.checkpoint.v1.GetCheckpointPatchRequest
+	(*GetCheckpointPatchResponse)(nil),        // 18: hangar.checkpoint.v1.GetCheckpointPatchResponse
+	(*ReadPartRequest)(nil),                   // 19: hangar.checkpoint.v1.ReadPartRequest
+	(*ReadPartResponse)(nil),                  // 20: hangar.checkpoint.v1.ReadPartResponse
+	(CheckpointReason)(0),                     // 21: hangar.checkpoint.v1.CheckpointReason
+	(*Checkpoint)(nil),                        // 22: hangar.checkpoint.v1.Checkpoint
+	(*Warning)(nil),                           // 23: hangar.checkpoint.v1.Warning
+	(PartKind)(0),                             // 24: hangar.checkpoint.v1.PartKind
 }
 var file_hangar_checkpoint_v1_service_proto_depIdxs = []int32{
-	20, // 0: hangar.checkpoint.v1.CaptureCheckpointRequest.reason:type_name -> hangar.checkpoint.v1.CheckpointReason
-	21, // 1: hangar.checkpoint.v1.CaptureCheckpointResponse.checkpoint:type_name -> hangar.checkpoint.v1.Checkpoint
-	22, // 2: hangar.checkpoint.v1.CaptureCheckpointResponse.warnings:type_name -> hangar.checkpoint.v1.Warning
-	21, // 3: hangar.checkpoint.v1.RestoreCheckpointResponse.checkpoint:type_name -> hangar.checkpoint.v1.Checkpoint
-	21, // 4: hangar.checkpoint.v1.ListCheckpointsResponse.checkpoints:type_name -> hangar.checkpoint.v1.Checkpoint
-	21, // 5: hangar.checkpoint.v1.GetCheckpointResponse.checkpoint:type_name -> hangar.checkpoint.v1.Checkpoint
-	21, // 6: hangar.checkpoint.v1.VerifyCheckpointResponse.checkpoint:type_name -> hangar.checkpoint.v1.Checkpoint
-	21, // 7: hangar.checkpoint.v1.ForkCheckpointResponse.checkpoint:type_name -> hangar.checkpoint.v1.Checkpoint
-	23, // 8: hangar.checkpoint.v1.ReadPartRequest.kind:type_name -> hangar.checkpoint.v1.PartKind
-	0,  // 9: hangar.checkpoint.v1.CheckpointService.CaptureCheckpoint:input_type -> hangar.checkpoint.v1.CaptureCheckpointRequest
-	2,  // 10: hangar.checkpoint.v1.CheckpointService.RestoreCheckpoint:input_type -> hangar.checkpoint.v1.RestoreCheckpointRequest
-	4,  // 11: hangar.checkpoint.v1.CheckpointService.ListCheckpoints:input_type -> hangar.checkpoint.v1.ListCheckpointsRequest
-	6,  // 12: hangar.checkpoint.v1.CheckpointService.GetCheckpoint:input_type -> hangar.checkpoint.v1.GetCheckpointRequest
-	8,  // 13: hangar.checkpoint.v1.CheckpointService.VerifyCheckpoint:input_type -> hangar.checkpoint.v1.VerifyCheckpointRequest
-	10, // 14: hangar.checkpoint.v1.CheckpointService.DeleteCheckpoint:input_type -> hangar.checkpoint.v1.DeleteCheckpointRequest
-	12, // 15: hangar.checkpoint.v1.CheckpointService.ArchiveSessionCheckpoints:input_type -> hangar.checkpoint.v1.ArchiveSessionCheckpointsRequest
-	14, // 16: hangar.checkpoint.v1.CheckpointService.ForkCheckpoint:input_type -> hangar.checkpoint.v1.ForkCheckpointRequest
-	16, // 17: hangar.checkpoint.v1.CheckpointService.GetCheckpointPatch:input_type -> hangar.checkpoint.v1.GetCheckpointPatchRequest
-	18, // 18: hangar.checkpoint.v1.CheckpointService.ReadPart:input_type -> hangar.checkpoint.v1.ReadPartRequest
-	1,  // 19: hangar.checkpoint.v1.CheckpointService.CaptureCheckpoint:output_type -> hangar.checkpoint.v1.CaptureCheckpointResponse
-	3,  // 20: hangar.checkpoint.v1.CheckpointService.RestoreCheckpoint:output_type -> hangar.checkpoint.v1.RestoreCheckpointResponse
-	5,  // 21: hangar.checkpoint.v1.CheckpointService.ListCheckpoints:output_type -> hangar.checkpoint.v1.ListCheckpointsResponse
-	7,  // 22: hangar.checkpoint.v1.CheckpointService.GetCheckpoint:output_type -> hangar.checkpoint.v1.GetCheckpointResponse
-	9,  // 23: hangar.checkpoint.v1.CheckpointService.VerifyCheckpoint:output_type -> hangar.checkpoint.v1.VerifyCheckpointResponse
-	11, // 24: hangar.checkpoint.v1.CheckpointService.DeleteCheckpoint:output_type -> hangar.checkpoint.v1.DeleteCheckpointResponse
-	13, // 25: hangar.checkpoint.v1.CheckpointService.ArchiveSessionCheckpoints:output_type -> hangar.checkpoint.v1.ArchiveSessionCheckpointsResponse
-	15, // 26: hangar.checkpoint.v1.CheckpointService.ForkCheckpoint:output_type -> hangar.checkpoint.v1.ForkCheckpointResponse
-	17, // 27: hangar.checkpoint.v1.CheckpointService.GetCheckpointPatch:output_type -> hangar.checkpoint.v1.GetCheckpointPatchResponse
-	19, // 28: hangar.checkpoint.v1.CheckpointService.ReadPart:output_type -> hangar.checkpoint.v1.ReadPartResponse
-	19, // [19:29] is the sub-list for method output_type
-	9,  // [9:19] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	21, // 0: hangar.checkpoint.v1.CaptureCheckpointRequest.reason:type_name -> hangar.checkpoint.v1.CheckpointReason
+	22, // 1: hangar.checkpoint.v1.CaptureCheckpointResponse.checkpoint:type_name -> hangar.checkpoint.v1.Checkpoint
+	23, // 2: hangar.checkpoint.v1.CaptureCheckpointResponse.warnings:type_name -> hangar.checkpoint.v1.Warning
+	3,  // 3: hangar.checkpoint.v1.RestoreCheckpointRequest.relocate:type_name -> hangar.checkpoint.v1.PathRewrite
+	22, // 4: hangar.checkpoint.v1.RestoreCheckpointResponse.checkpoint:type_name -> hangar.checkpoint.v1.Checkpoint
+	22, // 5: hangar.checkpoint.v1.ListCheckpointsResponse.checkpoints:type_name -> hangar.checkpoint.v1.Checkpoint
+	22, // 6: hangar.checkpoint.v1.GetCheckpointResponse.checkpoint:type_name -> hangar.checkpoint.v1.Checkpoint
+	22, // 7: hangar.checkpoint.v1.VerifyCheckpointResponse.checkpoint:type_name -> hangar.checkpoint.v1.Checkpoint
+	22, // 8: hangar.checkpoint.v1.ForkCheckpointResponse.checkpoint:type_name -> hangar.checkpoint.v1.Checkpoint
+	24, // 9: hangar.checkpoint.v1.ReadPartRequest.kind:type_name -> hangar.checkpoint.v1.PartKind
+	0,  // 10: hangar.checkpoint.v1.CheckpointService.CaptureCheckpoint:input_type -> hangar.checkpoint.v1.CaptureCheckpointRequest
+	2,  // 11: hangar.checkpoint.v1.CheckpointService.RestoreCheckpoint:input_type -> hangar.checkpoint.v1.RestoreCheckpointRequest
+	5,  // 12: hangar.checkpoint.v1.CheckpointService.ListCheckpoints:input_type -> hangar.checkpoint.v1.ListCheckpointsRequest
+	7,  // 13: hangar.checkpoint.v1.CheckpointService.GetCheckpoint:input_type -> hangar.checkpoint.v1.GetCheckpointRequest
+	9,  // 14: hangar.checkpoint.v1.CheckpointService.VerifyCheckpoint:input_type -> hangar.checkpoint.v1.VerifyCheckpointRequest
+	11, // 15: hangar.checkpoint.v1.CheckpointService.DeleteCheckpoint:input_type -> hangar.checkpoint.v1.DeleteCheckpointRequest
+	13, // 16: hangar.checkpoint.v1.CheckpointService.ArchiveSessionCheckpoints:input_type -> hangar.checkpoint.v1.ArchiveSessionCheckpointsRequest
+	15, // 17: hangar.checkpoint.v1.CheckpointService.ForkCheckpoint:input_type -> hangar.checkpoint.v1.ForkCheckpointRequest
+	17, // 18: hangar.checkpoint.v1.CheckpointService.GetCheckpointPatch:input_type -> hangar.checkpoint.v1.GetCheckpointPatchRequest
+	19, // 19: hangar.checkpoint.v1.CheckpointService.ReadPart:input_type -> hangar.checkpoint.v1.ReadPartRequest
+	1,  // 20: hangar.checkpoint.v1.CheckpointService.CaptureCheckpoint:output_type -> hangar.checkpoint.v1.CaptureCheckpointResponse
+	4,  // 21: hangar.checkpoint.v1.CheckpointService.RestoreCheckpoint:output_type -> hangar.checkpoint.v1.RestoreCheckpointResponse
+	6,  // 22: hangar.checkpoint.v1.CheckpointService.ListCheckpoints:output_type -> hangar.checkpoint.v1.ListCheckpointsResponse
+	8,  // 23: hangar.checkpoint.v1.CheckpointService.GetCheckpoint:output_type -> hangar.checkpoint.v1.GetCheckpointResponse
+	10, // 24: hangar.checkpoint.v1.CheckpointService.VerifyCheckpoint:output_type -> hangar.checkpoint.v1.VerifyCheckpointResponse
+	12, // 25: hangar.checkpoint.v1.CheckpointService.DeleteCheckpoint:output_type -> hangar.checkpoint.v1.DeleteCheckpointResponse
+	14, // 26: hangar.checkpoint.v1.CheckpointService.ArchiveSessionCheckpoints:output_type -> hangar.checkpoint.v1.ArchiveSessionCheckpointsResponse
+	16, // 27: hangar.checkpoint.v1.CheckpointService.ForkCheckpoint:output_type -> hangar.checkpoint.v1.ForkCheckpointResponse
+	18, // 28: hangar.checkpoint.v1.CheckpointService.GetCheckpointPatch:output_type -> hangar.checkpoint.v1.GetCheckpointPatchResponse
+	20, // 29: hangar.checkpoint.v1.CheckpointService.ReadPart:output_type -> hangar.checkpoint.v1.ReadPartResponse
+	20, // [20:30] is the sub-list for method output_type
+	10, // [10:20] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_hangar_checkpoint_v1_service_proto_init() }
@@ -1302,7 +1373,7 @@ func file_hangar_checkpoint_v1_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hangar_checkpoint_v1_service_proto_rawDesc), len(file_hangar_checkpoint_v1_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

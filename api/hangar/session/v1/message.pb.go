@@ -625,7 +625,10 @@ type Session struct {
 	// The concrete model the harness runs.
 	Model string `protobuf:"bytes,27,opt,name=model,proto3" json:"model,omitempty"`
 	// Recent state transitions, oldest first.
-	Transitions   []*StateTransition `protobuf:"bytes,28,rep,name=transitions,proto3" json:"transitions,omitempty"`
+	Transitions []*StateTransition `protobuf:"bytes,28,rep,name=transitions,proto3" json:"transitions,omitempty"`
+	// How many turns the session has (inherited ones included); set even
+	// where `turns` is left out (list).
+	TurnCount     int32 `protobuf:"varint,29,opt,name=turn_count,json=turnCount,proto3" json:"turn_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -854,6 +857,13 @@ func (x *Session) GetTransitions() []*StateTransition {
 		return x.Transitions
 	}
 	return nil
+}
+
+func (x *Session) GetTurnCount() int32 {
+	if x != nil {
+		return x.TurnCount
+	}
+	return 0
 }
 
 // StateTransition records one change of state and why.
@@ -2293,7 +2303,7 @@ var File_hangar_session_v1_message_proto protoreflect.FileDescriptor
 
 const file_hangar_session_v1_message_proto_rawDesc = "" +
 	"\n" +
-	"\x1fhangar/session/v1/message.proto\x12\x11hangar.session.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x91\n" +
+	"\x1fhangar/session/v1/message.proto\x12\x11hangar.session.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\n" +
 	"\n" +
 	"\aSession\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
@@ -2327,7 +2337,9 @@ const file_hangar_session_v1_message_proto_rawDesc = "" +
 	"\fharness_lock\x18\x19 \x01(\tR\vharnessLock\x12\x1b\n" +
 	"\tcache_ttl\x18\x1a \x01(\tR\bcacheTtl\x12\x14\n" +
 	"\x05model\x18\x1b \x01(\tR\x05model\x12D\n" +
-	"\vtransitions\x18\x1c \x03(\v2\".hangar.session.v1.StateTransitionR\vtransitionsB\x0f\n" +
+	"\vtransitions\x18\x1c \x03(\v2\".hangar.session.v1.StateTransitionR\vtransitions\x12\x1d\n" +
+	"\n" +
+	"turn_count\x18\x1d \x01(\x05R\tturnCountB\x0f\n" +
 	"\r_idle_minutes\"\xbb\x01\n" +
 	"\x0fStateTransition\x123\n" +
 	"\x04from\x18\x01 \x01(\x0e2\x1f.hangar.session.v1.SessionStateR\x04from\x12/\n" +

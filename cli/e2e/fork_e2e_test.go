@@ -1,0 +1,461 @@
+package e2e_test
+
+// End-to-end forks and best-of-N: the real agent CLIs (Claude Code, Codex,
+// pi) in real sandboxes, through the real gateway to the scripted upstream,
+// with real checkpoints, all started by `hangar up`'s stack.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
+	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/cli/client"
+	"github.com/hangar-dev/hangar/cli/up"
+	"github.com/hangar-dev/hangar/gateway-svc/scripted"
+)
+
+// The parent's turn: a commit, an uncommitted edit, a staged file and an
+// untracked one.
+const forkFirstCmd = `printf 'one\n' > tracked.txt && git add tracked.txt && git commit -qm 'first commit' && printf 'edit\n' >> tracked.txt && printf 'staged\n' > staged.txt && git add staged.txt && printf 'new\n' > untracked.txt && echo first-done`
+
+// A fork's turn writes its own session's name (the sandbox directory is
+// named after the session; the work tree is its "work" folder), so each
+// fork's answer differs.
+const forkOwnCmd = `basename "$(dirname "$PWD")" > fork.txt && echo fork-done`
+
+// forkScript answers each CLI with its own shell tool. The slow task waits
+// until the file named by release exists.
+func forkScript(release string) scripted.Script {
+	call := func(tool, arg, cmd, prompt string) scripted.Rule {
+		return scripted.Rule{Name: tool + "-" + prompt, Tool: tool, Prompt: "(?i)" + prompt, LastIsToolResult: scripted.Bool(false),
+			Answer: scripted.Answer{Text: "Working on it.", ToolCall: &scripted.ToolCall{Name: tool, Input: map[string]any{arg: cmd}}}}
+	}
+	slow := fmt.Sprintf(`while [ ! -e %q ]; do sleep 0.05; done; echo slow-done`, release)
+	var rules []scripted.Rule
+	rules = append(rules, scripted.Rule{Name: "done", LastIsToolResult: scripted.Bool(true), Answer: scripted.Answer{Text: "Done with the task."}})
+	for _, t := range [][2]string{{"Bash", "command"}, {"exec_command", "cmd"}, {"bash", "command"}} {
+		rules = append(rules,
+			call(t[0], t[1], forkFirstCmd, "first task"),
+			call(t[0], t[1], forkOwnCmd, "fork task"),
+			call(t[0], t[1], slow, "slow task"))
+	}
+	return scripted.Script{Rules: rules, Default: &scripted.Answer{Text: "OK."}}
+}
+
+// forkStack is hangar with the scripted upstream and the real CLIs.
+type forkStack struct {
+	conn      *grpc.ClientConn
+	sessions  sessionv1.SessionServiceClient
+	jobs      sessionv1.JobServiceClient
+	sandboxes sandboxv1.SandboxServiceClient
+	gateway   gatewayv1.GatewayServiceClient
+	release   string
+}
+
+func forkStart(t testing.TB) *forkStack {
+	t.Helper()
+	dir := os.Getenv("HANGAR_HARNESS_DIR")
+	if dir == "" {
+		t.Skip("HANGAR_HARNESS_DIR is unset: run .ci/install-harnesses and set it to use the real agent CLIs")
+	}
+	release := filepath.Join(t.TempDir(), "release")
+	upstream, err := scripted.New(forkScript(release))
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := httptest.NewServer(upstream)
+	t.Cleanup(model.Close)
+
+	var cfg up.Config
+	cfg.Home, cfg.Addr, cfg.LogLevel, cfg.LogFormat = filepath.Join(t.TempDir(), "hangar"), "127.0.0.1:0", "error", "text"
+	vars := map[string]string{
+		"HANGAR_SESSION_ADDR": "127.0.0.1:0", "HANGAR_SANDBOX_ADDR": "127.0.0.1:0", "HANGAR_CHECKPOINT_ADDR": "127.0.0.1:0",
+		"HANGAR_GATEWAY_ADDR": "127.0.0.1:0", "HANGAR_REPLAY_ADDR": "127.0.0.1:0",
+		"HANGAR_ANTHROPIC_URL": model.URL, "HANGAR_ANTHROPIC_API_KEY": "upstream-key",
+		"HANGAR_OPENAI_URL": model.URL + "/v1", "HANGAR_OPENAI_API_KEY": "upstream-key",
+		"HANGAR_CLAUDE_BIN":      filepath.Join(dir, sessionE2EClaude),
+		"HANGAR_CODEX_BIN":       filepath.Join(dir, sessionE2ECodex),
+		"HANGAR_PI_BIN":          filepath.Join(dir, sessionE2EPi),
+		"HANGAR_PI_NODE_BIN_DIR": filepath.Join(dir, sessionE2ENode22),
+		// Forks hold back for the first sibling's answer; no need here.
+		"HANGAR_CACHE_STAGGER_SECONDS": "0",
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stack, err := up.Start(ctx, cfg, func(name string) (string, bool) { v, ok := vars[name]; return v, ok }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		cancel()
+		t.Fatalf("starting hangar: %v", err)
+	}
+	conn, err := client.Endpoint{URL: stack.URL, Token: stack.Token}.Dial()
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		if err := stack.Wait(); err != nil {
+			t.Errorf("hangar stopped with %v", err)
+		}
+	})
+	s := &forkStack{
+		conn: conn, release: release,
+		sessions:  sessionv1.NewSessionServiceClient(conn),
+		jobs:      sessionv1.NewJobServiceClient(conn),
+		sandboxes: sandboxv1.NewSandboxServiceClient(conn),
+		gateway:   gatewayv1.NewGatewayServiceClient(conn),
+	}
+	repo := t.TempDir()
+	for _, args := range [][]string{
+		{"init", "-q", "-b", "main"},
+		{"-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "base"},
+	} {
+		cmd := exec.Command("git", args...)
+		cmd.Dir = repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	_, err = s.sandboxes.ApplyEnvironment(context.Background(), &sandboxv1.ApplyEnvironmentRequest{Environment: &sandboxv1.Environment{
+		Name: "e2e", Repository: repo, BaseRef: "main", Egress: sandboxv1.Egress_EGRESS_FULL,
+	}})
+	if err != nil {
+		t.Fatalf("apply environment: %v", err)
+	}
+	return s
+}
+
+func (s *forkStack) wait(t testing.TB, name string, turn int32) *sessionv1.Turn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	stream, err := s.sessions.WaitForTurn(ctx, &sessionv1.WaitForTurnRequest{Name: name, Turn: turn})
+	if err != nil {
+		t.Fatalf("wait for turn %d of %s: %v", turn, name, err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("wait for turn %d of %s: %v", turn, name, err)
+		}
+		if r := resp.GetResult(); r != nil {
+			return r
+		}
+	}
+}
+
+func (s *forkStack) exec(t testing.TB, sandboxID, script string) string {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code, err := sandboxexec.New(s.sandboxes).Exec(context.Background(), sandboxID, 0, []string{"sh", "-c", script}, nil, "", nil, &out, &errOut)
+	if err != nil || code != 0 {
+		t.Fatalf("exec %q: code %d, %v: %s", script, code, err, errOut.String())
+	}
+	return out.String()
+}
+
+func (s *forkStack) get(t testing.TB, name string) *sessionv1.Session {
+	t.Helper()
+	resp, err := s.sessions.GetSession(context.Background(), &sessionv1.GetSessionRequest{Name: name})
+	if err != nil {
+		t.Fatalf("get %s: %v", name, err)
+	}
+	return resp.GetSession()
+}
+
+// parent makes a session with one completed turn of edits.
+func (s *forkStack) parent(t testing.TB, name string, h sessionv1.Harness) *sessionv1.Session {
+	t.Helper()
+	if _, err := s.sessions.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{
+		Name: name, Environment: "e2e", Harness: h, Message: "Please do the first task.",
+	}); err != nil {
+		t.Fatalf("new %s: %v", name, err)
+	}
+	if first := s.wait(t, name, 1); first.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+		t.Fatalf("turn 1 of %s: %v (%s)", name, first.GetOutcome(), first.GetOutcomeReason())
+	}
+	return s.get(t, name)
+}
+
+// forkTreeScript describes a work tree like sessionE2ETreeScript, with the
+// fork's own file (fork.txt) left out and its content printed last.
+const forkTreeScript = `git rev-parse --abbrev-ref HEAD
+git log --format=%s
+git ls-files -s
+git status --porcelain=v1 -uall | grep -v ' fork.txt$'
+git ls-files -co --exclude-standard -z | sort -z | xargs -0 sha256sum | grep -v ' fork.txt$'
+[ -f fork.txt ] && echo "fork.txt $(cat fork.txt)"
+true`
+
+// forkTapeCarries says whether the first model request of a run carries
+// the parent's conversation.
+func (s *forkStack) forkTapeCarries(t testing.TB, run string) bool {
+	t.Helper()
+	tape, err := s.gateway.GetTape(context.Background(), &gatewayv1.GetTapeRequest{Run: run})
+	if err != nil || len(tape.GetSteps()) == 0 {
+		t.Fatalf("tape of %s: %v (%d steps)", run, err, len(tape.GetSteps()))
+	}
+	body := string(tape.GetSteps()[0].GetRequest().GetBody())
+	return strings.Contains(body, "first task") && strings.Contains(body, "first-done") && strings.Contains(body, "fork task")
+}
+
+// TestForkSession: for each real CLI, a parent with one turn of edits is
+// forked into 3 with a message; every fork's first model request carries
+// the parent's conversation, its work tree is the parent's at the fork
+// point plus its own turn, on <parent branch>-fork-<i>; the parent is
+// unchanged.
+func TestForkSession(t *testing.T) {
+	s := forkStart(t)
+	for _, h := range []struct {
+		name    string
+		harness sessionv1.Harness
+	}{
+		{"claude", sessionv1.Harness_HARNESS_CLAUDE},
+		{"codex", sessionv1.Harness_HARNESS_CODEX},
+		{"pi", sessionv1.Harness_HARNESS_PI},
+	} {
+		t.Run(h.name, func(t *testing.T) {
+			ctx := context.Background()
+			name := "fork-" + h.name
+			parent := s.parent(t, name, h.harness)
+			before := s.exec(t, parent.GetSandboxId(), forkTreeScript)
+
+			resp, err := s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: name, N: 3, Message: "Please do the fork task."})
+			if err != nil {
+				t.Fatalf("fork: %v", err)
+			}
+			if len(resp.GetForks()) != 3 || resp.GetForkedFromCheckpoint() == "" {
+				t.Fatalf("fork answered %d forks from checkpoint %q", len(resp.GetForks()), resp.GetForkedFromCheckpoint())
+			}
+			for i, f := range resp.GetForks() {
+				fname := fmt.Sprintf("%s-fork-%d", name, i+1)
+				branch := fmt.Sprintf("%s-fork-%d", parent.GetBranch(), i+1)
+				if f.GetName() != fname || f.GetParentId() != name || f.GetForkedFromCheckpoint() != resp.GetForkedFromCheckpoint() {
+					t.Errorf("fork %d: name %q, parent %q, checkpoint %q", i+1, f.GetName(), f.GetParentId(), f.GetForkedFromCheckpoint())
+				}
+				own := s.wait(t, fname, 2)
+				if own.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+					t.Fatalf("turn 2 of %s: %v (%s)", fname, own.GetOutcome(), own.GetOutcomeReason())
+				}
+				if !s.forkTapeCarries(t, own.GetRunId()) {
+					t.Errorf("%s's first model request does not carry the parent's conversation", fname)
+				}
+				inherited, err := s.sessions.GetTurn(ctx, &sessionv1.GetTurnRequest{Name: fname, Turn: 1})
+				if err != nil || !inherited.GetTurn().GetInherited() || inherited.GetTurn().GetUsage().GetModelCalls() != 0 || inherited.GetTurn().GetUsage().GetInputTokens() != 0 {
+					t.Errorf("%s's turn 1 is not inherited without usage: %v %v", fname, err, inherited.GetTurn())
+				}
+				fs := s.get(t, fname)
+				if fs.GetBranch() != branch {
+					t.Errorf("%s is on branch %q, want %q", fname, fs.GetBranch(), branch)
+				}
+				if fs.GetConversationId() == "" || fs.GetConversationId() == parent.GetConversationId() {
+					t.Errorf("%s continues conversation %q (parent's %q): want a fork of it", fname, fs.GetConversationId(), parent.GetConversationId())
+				}
+				got := s.exec(t, fs.GetSandboxId(), forkTreeScript)
+				want := strings.Replace(before, parent.GetBranch(), branch, 1) + "fork.txt " + fname + "\n"
+				if got != want {
+					t.Errorf("%s's work tree:\n%s\nwant the parent's at the fork point plus fork.txt:\n%s", fname, got, want)
+				}
+			}
+			after := s.get(t, name)
+			if after.GetConversationId() != parent.GetConversationId() || after.GetSandboxId() != parent.GetSandboxId() {
+				t.Errorf("parent changed: conversation %q -> %q", parent.GetConversationId(), after.GetConversationId())
+			}
+			if got := s.exec(t, parent.GetSandboxId(), forkTreeScript); got != before {
+				t.Errorf("parent's work tree changed:\n%s\nwas:\n%s", got, before)
+			}
+		})
+	}
+}
+
+// TestForkRefusals: a parent mid-turn can't be forked; -n over
+// HANGAR_FORK_MAX is InvalidArgument.
+func TestForkRefusals(t *testing.T) {
+	s := forkStart(t)
+	ctx := context.Background()
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
+		Name: "busy", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Please do the slow task.",
+	}); err != nil {
+		t.Fatalf("new: %v", err)
+	}
+	_, err := s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: "busy", N: 2, Message: "Please do the fork task."})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "mid-turn") {
+		t.Errorf("fork of a mid-turn parent: %v, want FailedPrecondition saying it is mid-turn", err)
+	}
+	if err := os.WriteFile(s.release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if turn := s.wait(t, "busy", 1); turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+		t.Fatalf("slow turn: %v (%s)", turn.GetOutcome(), turn.GetOutcomeReason())
+	}
+	_, err = s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: "busy", N: 9})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("fork -n 9: %v, want InvalidArgument", err)
+	}
+	if _, err := s.sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: "busy-fork-1"}); status.Code(err) != codes.NotFound {
+		t.Errorf("a refused fork left busy-fork-1: %v", err)
+	}
+}
+
+// TestForkConversationClaim: two sessions holding one conversation id (a
+// fork booted without a message has its parent's); the older keeps it and
+// the other forks it on its next turn.
+func TestForkConversationClaim(t *testing.T) {
+	s := forkStart(t)
+	ctx := context.Background()
+	parent := s.parent(t, "claim", sessionv1.Harness_HARNESS_CLAUDE)
+	resp, err := s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: "claim", N: 1, Names: []string{"claim-b"}})
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	f := resp.GetForks()[0]
+	if f.GetConversationId() != parent.GetConversationId() || f.GetSandboxId() == "" {
+		t.Fatalf("booted fork: conversation %q (parent %q), sandbox %q", f.GetConversationId(), parent.GetConversationId(), f.GetSandboxId())
+	}
+	// The younger session goes first: it must not continue the id.
+	if _, err := s.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: "claim-b", Message: "Please do the fork task."}); err != nil {
+		t.Fatalf("send to the fork: %v", err)
+	}
+	own := s.wait(t, "claim-b", 2)
+	if own.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED || !s.forkTapeCarries(t, own.GetRunId()) {
+		t.Fatalf("fork's turn: %v (%s), or its request lacks the parent's conversation", own.GetOutcome(), own.GetOutcomeReason())
+	}
+	if got := s.get(t, "claim-b").GetConversationId(); got == "" || got == parent.GetConversationId() {
+		t.Errorf("the younger session continues %q (the parent's is %q)", got, parent.GetConversationId())
+	}
+	if _, err := s.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: "claim", Message: "Please do the fork task."}); err != nil {
+		t.Fatalf("send to the parent: %v", err)
+	}
+	if turn := s.wait(t, "claim", 2); turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+		t.Fatalf("parent's turn: %v (%s)", turn.GetOutcome(), turn.GetOutcomeReason())
+	}
+	if got := s.get(t, "claim").GetConversationId(); got != parent.GetConversationId() {
+		t.Errorf("the older session lost its conversation: %q, was %q", got, parent.GetConversationId())
+	}
+}
+
+// TestBestOfN: a check that passes in exactly one attempt delivers that one.
+func TestBestOfN(t *testing.T) {
+	s := forkStart(t)
+	ctx := context.Background()
+	s.parent(t, "bon", sessionv1.Harness_HARNESS_CLAUDE)
+	check := `case "$(cat fork.txt)" in *-2) echo "score 7";; *) echo "wrong attempt"; exit 1;; esac`
+	created, err := s.jobs.CreateJob(ctx, &sessionv1.CreateJobRequest{
+		Strategy: sessionv1.JobStrategy_JOB_STRATEGY_BEST_OF_N, Session: "bon", Message: "Please do the fork task.", N: 3, Check: check,
+	})
+	if err != nil {
+		t.Fatalf("create job: %v", err)
+	}
+	job := forkWaitJob(t, s, created.GetJob().GetId())
+	if job.GetState() != sessionv1.JobState_JOB_STATE_DELIVERED {
+		t.Fatalf("job %s: %v (%s) attempts %v", job.GetId(), job.GetState(), job.GetError(), job.GetAttempts())
+	}
+	if len(job.GetAttempts()) != 3 || !strings.HasSuffix(job.GetWinner(), "-2") || job.GetBranch() != "hangar/session/bon-fork-2" {
+		t.Errorf("delivered %q on %q from %d attempts", job.GetWinner(), job.GetBranch(), len(job.GetAttempts()))
+	}
+	if !strings.Contains(job.GetPatch(), "fork.txt") || !strings.Contains(job.GetPatch(), job.GetWinner()) {
+		t.Errorf("delivered patch lacks the winner's fork.txt:\n%s", job.GetPatch())
+	}
+	for _, a := range job.GetAttempts() {
+		passed := a.GetSession() == job.GetWinner()
+		if passed != (a.GetCheckExitCode() == 0) || (passed && a.GetScore() != 7) {
+			t.Errorf("attempt %s: exit %d score %v", a.GetSession(), a.GetCheckExitCode(), a.GetScore())
+		}
+	}
+	list, err := s.jobs.ListJobs(ctx, &sessionv1.ListJobsRequest{})
+	if err != nil || len(list.GetJobs()) != 1 {
+		t.Errorf("list jobs: %v, %d", err, len(list.GetJobs()))
+	}
+}
+
+// forkWaitJob polls a job until it ends (the contract has no wait for
+// jobs), with a deadline.
+func forkWaitJob(t testing.TB, s *forkStack, id string) *sessionv1.Job {
+	t.Helper()
+	deadline := time.After(5 * time.Minute)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		resp, err := s.jobs.GetJob(context.Background(), &sessionv1.GetJobRequest{Id: id})
+		if err != nil {
+			t.Fatalf("get job %s: %v", id, err)
+		}
+		if resp.GetJob().GetEndedAt() != nil {
+			return resp.GetJob()
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("job %s still %v after 5 minutes", id, resp.GetJob().GetState())
+		case <-tick.C:
+		}
+	}
+}
+
+// BenchmarkForkFanOut: time from the fork call to all N forks ready for
+// their first turn (booted, restored), and stored bytes per fork.
+func BenchmarkForkFanOut(b *testing.B) {
+	s := forkStart(b)
+	ctx := context.Background()
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "fan", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE}); err != nil {
+		b.Fatal(err)
+	}
+	opened, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: "fan"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.exec(b, opened.GetSession().GetSandboxId(), `head -c 1048576 /dev/urandom > blob.bin && for i in $(seq 1 200); do echo "line $i" > "f$i.txt"; done && git add -A && git commit -qm work && echo edit >> f1.txt`)
+	round := 0
+	for _, n := range []int{1, 2, 4, 8} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			var stored, forks int64
+			for b.Loop() {
+				round++
+				names := make([]string, n)
+				for i := range names {
+					names[i] = fmt.Sprintf("fan-%d-%d", round, i+1)
+				}
+				resp, err := s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: "fan", N: int32(n), Names: names})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				for _, f := range resp.GetForks() {
+					if f.GetSandboxId() == "" {
+						b.Fatalf("fork %s is not up", f.GetName())
+					}
+					cps, err := checkpointv1.NewCheckpointServiceClient(s.conn).ListCheckpoints(ctx, &checkpointv1.ListCheckpointsRequest{Session: f.GetName()})
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, cp := range cps.GetCheckpoints() {
+						stored += cp.GetStoredBytes()
+					}
+					forks++
+					if _, err := s.sessions.ArchiveSession(ctx, &sessionv1.ArchiveSessionRequest{Name: f.GetName()}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(stored)/float64(forks), "stored-B/fork")
+		})
+	}
+}

@@ -1,0 +1,32 @@
+package server
+
+import (
+	"context"
+
+	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
+	"github.com/hangar-dev/hangar/session-svc/internal/sessions"
+)
+
+// GetSessionWork implements session pull: the session branch's commits as a
+// git bundle and its uncommitted changes as a binary diff.
+func (s *Sessions) GetSessionWork(ctx context.Context, req *sessionv1.GetSessionWorkRequest) (*sessionv1.GetSessionWorkResponse, error) {
+	w, err := s.m.Work(ctx, req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.GetSessionWorkResponse{
+		Branch: w.Branch, BaseCommit: w.BaseCommit, HeadCommit: w.HeadCommit,
+		GitBundle: w.Bundle, Diff: w.Diff,
+	}, nil
+}
+
+// localWorkFrom is --from-local's payload, nil when absent.
+func localWorkFrom(lw *sessionv1.LocalWork) *sessions.LocalWork {
+	if lw == nil {
+		return nil
+	}
+	return &sessions.LocalWork{
+		BaseCommit: lw.GetBaseCommit(), Branch: lw.GetBranch(),
+		Bundle: lw.GetGitBundle(), Diff: lw.GetDiff(), Untracked: lw.GetUntrackedTar(),
+	}
+}

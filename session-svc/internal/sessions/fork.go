@@ -1,0 +1,289 @@
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/platform/fault"
+	"github.com/hangar-dev/hangar/session-svc/internal/harness"
+	"github.com/hangar-dev/hangar/session-svc/internal/holds"
+	"github.com/hangar-dev/hangar/session-svc/internal/store"
+)
+
+// ForkInput is what `session fork` asks for.
+type ForkInput struct {
+	Parent string
+	// N forks; with Names, 0 means len(Names).
+	N int
+	// Message starts each fork's first turn; without one the forks only
+	// boot (Boot) or are only created.
+	Message string
+	// Harness forks into another agent (a handoff); "" keeps the parent's.
+	Harness string
+	// Names of the forks; <parent>-fork-<i> when empty.
+	Names []string
+	// Boot opens each fork (sandbox up, checkpoint restored) when there is
+	// no message.
+	Boot bool
+	// Budget overrides the parent's for the forks' first turns when set.
+	Budget *store.Budget
+}
+
+// Fork is the result of a fork: the new sessions (as created; with a
+// message their first turn has started) and the parent's checkpoint they
+// started from.
+type Fork struct {
+	Sessions   []*store.Session
+	Turns      []*store.Turn
+	Checkpoint string
+}
+
+// Fork branches a session into N new sessions. Each fork has the parent's
+// work (its checkpoint, shared rather than copied, restored onto the branch
+// <parent branch>-fork-<i>), its turns as inherited history with their
+// events and artifacts, its open question and its conversation, which the
+// fork's first turn forks with the CLI's own fork. A parent that is mid-turn
+// is refused.
+func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
+	if err := ValidName("name", in.Parent); err != nil {
+		return nil, err
+	}
+	n := in.N
+	if n == 0 {
+		n = len(in.Names)
+	}
+	max := m.cfg.ForkMax
+	if max <= 0 {
+		max = 8
+	}
+	switch {
+	case n < 1:
+		return nil, fault.InvalidArgument("n", "-n must be at least 1")
+	case n > max:
+		return nil, fault.InvalidArgument("n", "-n %d is more than HANGAR_FORK_MAX (%d) forks per call", n, max)
+	case len(in.Names) > 0 && len(in.Names) != n:
+		return nil, fault.InvalidArgument("names", "%d names for %d forks: give one --name per fork, or none", len(in.Names), n)
+	}
+	if in.Harness != "" {
+		if _, err := harness.Lookup(harness.Name(in.Harness)); err != nil {
+			return nil, fault.InvalidArgument("harness", "harness %q is not one of claude, codex, pi, antigravity", in.Harness)
+		}
+	}
+	if in.Budget != nil {
+		if err := validBudget(*in.Budget); err != nil {
+			return nil, err
+		}
+	}
+	names := make([]string, n)
+	seen := map[string]bool{}
+	for i := range names {
+		if len(in.Names) > 0 {
+			names[i] = in.Names[i]
+		} else {
+			names[i] = fmt.Sprintf("%s-fork-%d", in.Parent, i+1)
+		}
+		if err := ValidName("names", names[i]); err != nil {
+			return nil, err
+		}
+		if seen[names[i]] || names[i] == in.Parent {
+			return nil, fault.InvalidArgument("names", "fork name %q is used twice", names[i])
+		}
+		seen[names[i]] = true
+	}
+
+	parent, err := m.get(ctx, in.Parent)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	_, turnHere := m.turns[in.Parent]
+	m.mu.Unlock()
+	switch {
+	case turnHere || parent.State == store.StateRunning || parent.State == store.StateResuming:
+		return nil, fault.FailedPrecondition("PARENT_MID_TURN", "session %q is mid-turn: a parent that is mid-turn can't be forked; wait for the turn to finish", in.Parent)
+	case parent.State == store.StateArchived:
+		return nil, fault.FailedPrecondition("SESSION_ARCHIVED", "session %q is archived: its checkpoints are gone, so it can't be forked", in.Parent)
+	case parent.State == store.StateSuspending:
+		return nil, fault.FailedPrecondition("SESSION_SUSPENDING", "session %q is suspending: fork it once it is suspended", in.Parent)
+	}
+	// Keep the parent from suspending under the fork.
+	if hold, err := m.d.Holds.Acquire(ctx, in.Parent, "fork", holds.KindCommand, "forking", m.cfg.LeaseTTL); err == nil {
+		defer func() {
+			if err := m.d.Holds.Release(context.WithoutCancel(ctx), in.Parent, hold.ID); err != nil {
+				m.log.WarnContext(ctx, "fork hold not released", "session", in.Parent, "error", err)
+			}
+		}()
+	} else {
+		m.log.WarnContext(ctx, "fork hold not taken", "session", in.Parent, "error", err)
+	}
+
+	cp, err := m.forkPoint(ctx, parent)
+	if err != nil {
+		return nil, err
+	}
+	if parent.ConversationID != "" && m.d.Claims != nil {
+		// The parent is the oldest holder of its conversation: the forks
+		// fork it rather than continue it.
+		if _, err := m.d.Claims.Claim(ctx, parent.ConversationID, parent.Name); err != nil {
+			m.log.WarnContext(ctx, "conversation claim not taken", "session", parent.Name, "error", err)
+		}
+	}
+
+	out := &Fork{Checkpoint: cp.GetId()}
+	for i, name := range names {
+		s, err := m.createFork(ctx, parent, cp, name, fmt.Sprintf("%s-fork-%d", parent.Branch, i+1), in)
+		if err != nil {
+			return out, err
+		}
+		out.Sessions = append(out.Sessions, s)
+	}
+
+	switch {
+	case in.Message != "":
+		for i, s := range out.Sessions {
+			_, t, err := m.Send(ctx, s.Name, TurnInput{Message: in.Message, Harness: in.Harness, Budget: in.Budget})
+			if err != nil {
+				return out, fmt.Errorf("first turn of fork %s: %w", s.Name, err)
+			}
+			out.Turns = append(out.Turns, t)
+			if cur, err := m.get(ctx, s.Name); err == nil {
+				out.Sessions[i] = cur
+			}
+		}
+	case in.Boot:
+		var wg sync.WaitGroup
+		errs := make([]error, len(out.Sessions))
+		opened := make([]*store.Session, len(out.Sessions))
+		for i, s := range out.Sessions {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				opened[i], errs[i] = m.Open(ctx, s.Name)
+			}()
+		}
+		wg.Wait()
+		for i := range opened {
+			if opened[i] != nil {
+				out.Sessions[i] = opened[i]
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// forkPoint is the parent's checkpoint the forks start from: a fresh one
+// when its sandbox is up (the checkpoint service reuses the newest when
+// nothing changed), else its newest.
+func (m *Manager) forkPoint(ctx context.Context, parent *store.Session) (*checkpointv1.Checkpoint, error) {
+	if parent.SandboxID != "" {
+		cp, err := m.checkpoint(ctx, parent, 0, "manual", 0)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint %s before the fork: %w", parent.Name, err)
+		}
+		return cp, nil
+	}
+	cps, err := m.Checkpoints(ctx, parent.Name)
+	if err != nil {
+		return nil, err
+	}
+	if len(cps) == 0 {
+		return nil, fault.FailedPrecondition("NOTHING_TO_FORK", "session %q has no checkpoint yet: run a turn or open it, then fork", parent.Name)
+	}
+	return cps[0], nil
+}
+
+// createFork records one fork: the session (suspended until its first
+// turn or open), its checkpoint (sharing the parent's data) and the
+// parent's history.
+func (m *Manager) createFork(ctx context.Context, parent *store.Session, cp *checkpointv1.Checkpoint, name, branch string, in ForkInput) (*store.Session, error) {
+	now := m.now()
+	s := &store.Session{
+		Name: name, Environment: parent.Environment, Repo: parent.Repo, Harness: parent.Harness, Branch: branch,
+		State: store.StateSuspended, StateReason: "forked from " + parent.Name, StateChangedAt: now,
+		IdleMinutes: parent.IdleMinutes, ParentID: parent.Name, ForkedFromCheckpoint: cp.GetId(),
+		// The parent's conversation: claimed by the parent, so the fork's
+		// first turn forks it.
+		ConversationID: parent.ConversationID,
+		CreatedAt:      now, LastActiveAt: now, BaseCommit: parent.BaseCommit,
+		Budget: parent.Budget, Approvals: parent.Approvals, CacheTTL: parent.CacheTTL, Model: parent.Model,
+		Question: parent.Question,
+	}
+	if in.Harness != "" && in.Harness != parent.Harness && in.Message == "" {
+		// No turn to hand off in yet: the fork starts its own conversation.
+		s.Harness, s.ConversationID = in.Harness, ""
+	}
+	if err := m.d.Store.CreateSession(ctx, s); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return nil, fault.AlreadyExists("SESSION_EXISTS", "session %q already exists: pick other fork names with --name", name)
+		}
+		return nil, fmt.Errorf("create fork %s: %w", name, err)
+	}
+	if _, err := m.d.Checkpoints.ForkCheckpoint(ctx, &checkpointv1.ForkCheckpointRequest{
+		CheckpointId: cp.GetId(), NewSession: name, Branch: branch,
+	}); err != nil {
+		return nil, fmt.Errorf("fork checkpoint %s for %s: %w", cp.GetId(), name, err)
+	}
+	if err := m.d.Store.CopyHistory(ctx, parent.Name, name); err != nil {
+		return nil, fmt.Errorf("copy history of %s to %s: %w", parent.Name, name, err)
+	}
+	m.appendStoreEvents(ctx, name, []store.Event{{Kind: "fork", Text: fmt.Sprintf("forked from %s at checkpoint %s", parent.Name, cp.GetId())}})
+	m.events.publish(name)
+	return m.get(ctx, name)
+}
+
+// conversationFor decides how a turn continues conversation: resume it when
+// this session holds it, else fork it (the CLI's own fork), or, for a CLI
+// that can't fork, start a new conversation with a handoff. It returns the
+// message, the conversation to resume and the one to fork.
+func (m *Manager) conversationFor(ctx context.Context, s *store.Session, adapter harness.Adapter, number int, message, conversation string) (string, string, string) {
+	if conversation == "" || m.ownsConversation(ctx, s, conversation) {
+		return message, conversation, ""
+	}
+	if !adapter.CanFork() {
+		return m.handoff(ctx, s.Name, number, message), "", ""
+	}
+	m.appendStoreEvents(ctx, s.Name, []store.Event{{Turn: number, Kind: "fork", Text: "forking conversation " + conversation}})
+	return message, "", conversation
+}
+
+// relocation maps a checkpoint's conversation paths to where this sandbox's
+// harness looks for them (a fork's sandbox is not its parent's), for the
+// restore to put them there directly: the captured sandbox's own files are
+// never written.
+func relocation(sb *sandboxv1.Sandbox, cp *checkpointv1.Checkpoint) []*checkpointv1.PathRewrite {
+	from := cp.GetConversationPaths()
+	if len(from) == 0 {
+		return nil
+	}
+	adapter, err := harness.Lookup(harness.Name(cp.GetHarness()))
+	if err != nil {
+		return nil
+	}
+	to := adapter.ConversationPaths(harness.Sandbox{WorkDir: sb.GetWorkDir(), HomeDir: sb.GetHomeDir()}, cp.GetConversationId())
+	if len(to) != len(from) {
+		return nil
+	}
+	var out []*checkpointv1.PathRewrite
+	for i := range from {
+		if from[i] != to[i] {
+			out = append(out, &checkpointv1.PathRewrite{From: from[i], To: to[i]})
+		}
+	}
+	return out
+}
+
+// forkNames is for callers naming forks after a prefix (jobs).
+func forkNames(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%d", prefix, i+1)
+	}
+	return out
+}
