@@ -111,6 +111,9 @@ func sessionPullCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 				if err != nil {
 					return sessionCallErr(err)
 				}
+				if work.GetHeadCommit() == "" && work.GetBaseCommit() == "" {
+					return fmt.Errorf("session %s has no work to pull yet: it has not run", name)
+				}
 				return sessionPullFromWork(ctx, g, streams.Out, work, branch, checkout)
 			})(cmd, args)
 		},

@@ -3,11 +3,6 @@ package e2e_test
 import (
 	"bytes"
 	"context"
-	"io"
-	"log/slog"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,68 +13,17 @@ import (
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
-	"github.com/hangar-dev/hangar/cli/client"
-	"github.com/hangar-dev/hangar/cli/command"
-	"github.com/hangar-dev/hangar/cli/up"
 )
 
 // checkpointStack is the whole hangar (real sandbox-svc, local driver) for
 // the checkpoint tests, with an environment made from a small repository.
-type checkpointStack struct {
-	env         map[string]string
-	sandboxes   sandboxv1.SandboxServiceClient
-	checkpoints checkpointv1.CheckpointServiceClient
-}
+type checkpointStack struct{ *stack }
 
 func checkpointStart(t *testing.T) *checkpointStack {
 	t.Helper()
-	var cfg up.Config
-	cfg.Home, cfg.Addr, cfg.LogLevel, cfg.LogFormat = filepath.Join(t.TempDir(), "hangar"), "127.0.0.1:0", "error", "text"
-	vars := map[string]string{
-		"HANGAR_SESSION_ADDR": "127.0.0.1:0", "HANGAR_SANDBOX_ADDR": "127.0.0.1:0", "HANGAR_CHECKPOINT_ADDR": "127.0.0.1:0",
-		"HANGAR_GATEWAY_ADDR": "127.0.0.1:0", "HANGAR_REPLAY_ADDR": "127.0.0.1:0",
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stack, err := up.Start(ctx, cfg, func(k string) (string, bool) { v, ok := vars[k]; return v, ok }, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		cancel()
-		t.Fatalf("starting hangar: %v", err)
-	}
-	conn, err := client.Endpoint{URL: stack.URL, Token: stack.Token}.Dial()
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		cancel()
-		if err := stack.Wait(); err != nil {
-			t.Errorf("hangar stopped with %v", err)
-		}
-	})
-	s := &checkpointStack{
-		env:         map[string]string{"HANGAR_URL": stack.URL, "HANGAR_TOKEN": stack.Token, "HANGAR_HOME": filepath.Join(t.TempDir(), "client")},
-		sandboxes:   sandboxv1.NewSandboxServiceClient(conn),
-		checkpoints: checkpointv1.NewCheckpointServiceClient(conn),
-	}
-	repo := t.TempDir()
-	for name, content := range map[string]string{"README.md": "hello\n", ".gitignore": "*.log\n", "src/a.go": "package a\n", "bin/run.sh": "#!/bin/sh\n"} {
-		os.MkdirAll(filepath.Dir(filepath.Join(repo, name)), 0o755)
-		os.WriteFile(filepath.Join(repo, name), []byte(content), 0o644)
-	}
-	os.Chmod(filepath.Join(repo, "bin/run.sh"), 0o755)
-	for _, args := range [][]string{{"init", "-q", "-b", "main"}, {"add", "-A"}, {"-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "init"}} {
-		cmd := exec.Command("git", args...)
-		cmd.Dir = repo
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v: %s", args, err, out)
-		}
-	}
-	if _, err := s.sandboxes.ApplyEnvironment(context.Background(), &sandboxv1.ApplyEnvironmentRequest{
-		Environment: &sandboxv1.Environment{Name: "cpe2e", Repository: repo, BaseRef: "main"},
-	}); err != nil {
-		t.Fatalf("apply environment: %v", err)
-	}
+	s := &checkpointStack{startStack(t, stackOptions{})}
+	repo := gitRepo(t, map[string]string{"README.md": "hello\n", ".gitignore": "*.log\n", "src/a.go": "package a\n", "bin/run.sh": "#!/bin/sh\n"})
+	s.applyEnvironment(t, "cpe2e", repo, 0, sandboxv1.Egress_EGRESS_UNSPECIFIED)
 	return s
 }
 
@@ -127,12 +71,11 @@ func (s *checkpointStack) exec(t *testing.T, sb *sandboxv1.AcquireSandboxRespons
 	return out.String()
 }
 
+// cli runs `hangar args...` in process and returns its stdout.
 func (s *checkpointStack) cli(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	var out, errOut bytes.Buffer
-	err := command.Execute(context.Background(), command.Streams{In: strings.NewReader(""), Out: &out, Err: &errOut}, args,
-		func(k string) (string, bool) { v, ok := s.env[k]; return v, ok })
-	return out.String(), err
+	out, _, err := s.run(t, "", args...)
+	return out, err
 }
 
 // checkpointBuildScript makes every kind of change: commits on a branch,

@@ -5,20 +5,14 @@ package e2e_test
 // with real checkpoints, all started by `hangar up`'s stack.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -26,9 +20,6 @@ import (
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
-	"github.com/hangar-dev/hangar/api/sandboxexec"
-	"github.com/hangar-dev/hangar/cli/client"
-	"github.com/hangar-dev/hangar/cli/up"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
 )
 
@@ -44,141 +35,32 @@ const forkOwnCmd = `basename "$(dirname "$PWD")" > fork.txt && echo fork-done`
 // forkScript answers each CLI with its own shell tool. The slow task waits
 // until the file named by release exists.
 func forkScript(release string) scripted.Script {
-	call := func(tool, arg, cmd, prompt string) scripted.Rule {
-		return scripted.Rule{Name: tool + "-" + prompt, Tool: tool, Prompt: "(?i)" + prompt, LastIsToolResult: scripted.Bool(false),
-			Answer: scripted.Answer{Text: "Working on it.", ToolCall: &scripted.ToolCall{Name: tool, Input: map[string]any{arg: cmd}}}}
-	}
 	slow := fmt.Sprintf(`while [ ! -e %q ]; do sleep 0.05; done; echo slow-done`, release)
 	var rules []scripted.Rule
 	rules = append(rules, scripted.Rule{Name: "done", LastIsToolResult: scripted.Bool(true), Answer: scripted.Answer{Text: "Done with the task."}})
-	for _, t := range [][2]string{{"Bash", "command"}, {"exec_command", "cmd"}, {"bash", "command"}} {
-		rules = append(rules,
-			call(t[0], t[1], forkFirstCmd, "first task"),
-			call(t[0], t[1], forkOwnCmd, "fork task"),
-			call(t[0], t[1], slow, "slow task"))
-	}
+	rules = append(rules, shellRules("first task", forkFirstCmd)...)
+	rules = append(rules, shellRules("fork task", forkOwnCmd)...)
+	rules = append(rules, shellRules("slow task", slow)...)
 	return scripted.Script{Rules: rules, Default: &scripted.Answer{Text: "OK."}}
 }
 
-// forkStack is hangar with the scripted upstream and the real CLIs.
+// forkStack is hangar with the scripted upstream and the real CLIs;
+// creating the file release ends the slow task.
 type forkStack struct {
-	conn      *grpc.ClientConn
-	sessions  sessionv1.SessionServiceClient
-	jobs      sessionv1.JobServiceClient
-	sandboxes sandboxv1.SandboxServiceClient
-	gateway   gatewayv1.GatewayServiceClient
-	release   string
+	*stack
+	release string
 }
 
 func forkStart(t testing.TB) *forkStack {
 	t.Helper()
-	dir := os.Getenv("HANGAR_HARNESS_DIR")
-	if dir == "" {
-		t.Skip("HANGAR_HARNESS_DIR is unset: run .ci/install-harnesses and set it to use the real agent CLIs")
-	}
 	release := filepath.Join(t.TempDir(), "release")
-	upstream, err := scripted.New(forkScript(release))
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := httptest.NewServer(upstream)
-	t.Cleanup(model.Close)
-
-	var cfg up.Config
-	cfg.Home, cfg.Addr, cfg.LogLevel, cfg.LogFormat = filepath.Join(t.TempDir(), "hangar"), "127.0.0.1:0", "error", "text"
-	vars := map[string]string{
-		"HANGAR_SESSION_ADDR": "127.0.0.1:0", "HANGAR_SANDBOX_ADDR": "127.0.0.1:0", "HANGAR_CHECKPOINT_ADDR": "127.0.0.1:0",
-		"HANGAR_GATEWAY_ADDR": "127.0.0.1:0", "HANGAR_REPLAY_ADDR": "127.0.0.1:0",
-		"HANGAR_ANTHROPIC_URL": model.URL, "HANGAR_ANTHROPIC_API_KEY": "upstream-key",
-		"HANGAR_OPENAI_URL": model.URL + "/v1", "HANGAR_OPENAI_API_KEY": "upstream-key",
-		"HANGAR_CLAUDE_BIN":      filepath.Join(dir, sessionE2EClaude),
-		"HANGAR_CODEX_BIN":       filepath.Join(dir, sessionE2ECodex),
-		"HANGAR_PI_BIN":          filepath.Join(dir, sessionE2EPi),
-		"HANGAR_PI_NODE_BIN_DIR": filepath.Join(dir, sessionE2ENode22),
+	script := forkScript(release)
+	s := startStack(t, stackOptions{script: &script, vars: map[string]string{
 		// Forks hold back for the first sibling's answer; no need here.
 		"HANGAR_CACHE_STAGGER_SECONDS": "0",
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stack, err := up.Start(ctx, cfg, func(name string) (string, bool) { v, ok := vars[name]; return v, ok }, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		cancel()
-		t.Fatalf("starting hangar: %v", err)
-	}
-	conn, err := client.Endpoint{URL: stack.URL, Token: stack.Token}.Dial()
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		cancel()
-		if err := stack.Wait(); err != nil {
-			t.Errorf("hangar stopped with %v", err)
-		}
-	})
-	s := &forkStack{
-		conn: conn, release: release,
-		sessions:  sessionv1.NewSessionServiceClient(conn),
-		jobs:      sessionv1.NewJobServiceClient(conn),
-		sandboxes: sandboxv1.NewSandboxServiceClient(conn),
-		gateway:   gatewayv1.NewGatewayServiceClient(conn),
-	}
-	repo := t.TempDir()
-	for _, args := range [][]string{
-		{"init", "-q", "-b", "main"},
-		{"-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "base"},
-	} {
-		cmd := exec.Command("git", args...)
-		cmd.Dir = repo
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-	}
-	_, err = s.sandboxes.ApplyEnvironment(context.Background(), &sandboxv1.ApplyEnvironmentRequest{Environment: &sandboxv1.Environment{
-		Name: "e2e", Repository: repo, BaseRef: "main", Egress: sandboxv1.Egress_EGRESS_FULL,
 	}})
-	if err != nil {
-		t.Fatalf("apply environment: %v", err)
-	}
-	return s
-}
-
-func (s *forkStack) wait(t testing.TB, name string, turn int32) *sessionv1.Turn {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	stream, err := s.sessions.WaitForTurn(ctx, &sessionv1.WaitForTurnRequest{Name: name, Turn: turn})
-	if err != nil {
-		t.Fatalf("wait for turn %d of %s: %v", turn, name, err)
-	}
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			t.Fatalf("wait for turn %d of %s: %v", turn, name, err)
-		}
-		if r := resp.GetResult(); r != nil {
-			return r
-		}
-	}
-}
-
-func (s *forkStack) exec(t testing.TB, sandboxID, script string) string {
-	t.Helper()
-	var out, errOut bytes.Buffer
-	code, err := sandboxexec.New(s.sandboxes).Exec(context.Background(), sandboxID, 0, []string{"sh", "-c", script}, nil, "", nil, &out, &errOut)
-	if err != nil || code != 0 {
-		t.Fatalf("exec %q: code %d, %v: %s", script, code, err, errOut.String())
-	}
-	return out.String()
-}
-
-func (s *forkStack) get(t testing.TB, name string) *sessionv1.Session {
-	t.Helper()
-	resp, err := s.sessions.GetSession(context.Background(), &sessionv1.GetSessionRequest{Name: name})
-	if err != nil {
-		t.Fatalf("get %s: %v", name, err)
-	}
-	return resp.GetSession()
+	s.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
+	return &forkStack{stack: s, release: release}
 }
 
 // parent makes a session with one completed turn of edits.
@@ -189,7 +71,7 @@ func (s *forkStack) parent(t testing.TB, name string, h sessionv1.Harness) *sess
 	}); err != nil {
 		t.Fatalf("new %s: %v", name, err)
 	}
-	if first := s.wait(t, name, 1); first.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+	if first := s.waitTurn(t, name, 1); first.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 		t.Fatalf("turn 1 of %s: %v (%s)", name, first.GetOutcome(), first.GetOutcomeReason())
 	}
 	return s.get(t, name)
@@ -224,19 +106,12 @@ func (s *forkStack) forkTapeCarries(t testing.TB, run string) bool {
 // unchanged.
 func TestForkSession(t *testing.T) {
 	s := forkStart(t)
-	for _, h := range []struct {
-		name    string
-		harness sessionv1.Harness
-	}{
-		{"claude", sessionv1.Harness_HARNESS_CLAUDE},
-		{"codex", sessionv1.Harness_HARNESS_CODEX},
-		{"pi", sessionv1.Harness_HARNESS_PI},
-	} {
+	for _, h := range agentCLIs {
 		t.Run(h.name, func(t *testing.T) {
 			ctx := context.Background()
 			name := "fork-" + h.name
 			parent := s.parent(t, name, h.harness)
-			before := s.exec(t, parent.GetSandboxId(), forkTreeScript)
+			before := s.mustExec(t, parent.GetSandboxId(), forkTreeScript)
 
 			resp, err := s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: name, N: 3, Message: "Please do the fork task."})
 			if err != nil {
@@ -251,7 +126,7 @@ func TestForkSession(t *testing.T) {
 				if f.GetName() != fname || f.GetParentId() != name || f.GetForkedFromCheckpoint() != resp.GetForkedFromCheckpoint() {
 					t.Errorf("fork %d: name %q, parent %q, checkpoint %q", i+1, f.GetName(), f.GetParentId(), f.GetForkedFromCheckpoint())
 				}
-				own := s.wait(t, fname, 2)
+				own := s.waitTurn(t, fname, 2)
 				if own.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 					t.Fatalf("turn 2 of %s: %v (%s)", fname, own.GetOutcome(), own.GetOutcomeReason())
 				}
@@ -269,7 +144,7 @@ func TestForkSession(t *testing.T) {
 				if fs.GetConversationId() == "" || fs.GetConversationId() == parent.GetConversationId() {
 					t.Errorf("%s continues conversation %q (parent's %q): want a fork of it", fname, fs.GetConversationId(), parent.GetConversationId())
 				}
-				got := s.exec(t, fs.GetSandboxId(), forkTreeScript)
+				got := s.mustExec(t, fs.GetSandboxId(), forkTreeScript)
 				want := strings.Replace(before, parent.GetBranch(), branch, 1) + "fork.txt " + fname + "\n"
 				if got != want {
 					t.Errorf("%s's work tree:\n%s\nwant the parent's at the fork point plus fork.txt:\n%s", fname, got, want)
@@ -279,7 +154,7 @@ func TestForkSession(t *testing.T) {
 			if after.GetConversationId() != parent.GetConversationId() || after.GetSandboxId() != parent.GetSandboxId() {
 				t.Errorf("parent changed: conversation %q -> %q", parent.GetConversationId(), after.GetConversationId())
 			}
-			if got := s.exec(t, parent.GetSandboxId(), forkTreeScript); got != before {
+			if got := s.mustExec(t, parent.GetSandboxId(), forkTreeScript); got != before {
 				t.Errorf("parent's work tree changed:\n%s\nwas:\n%s", got, before)
 			}
 		})
@@ -303,7 +178,7 @@ func TestForkRefusals(t *testing.T) {
 	if err := os.WriteFile(s.release, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if turn := s.wait(t, "busy", 1); turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+	if turn := s.waitTurn(t, "busy", 1); turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 		t.Fatalf("slow turn: %v (%s)", turn.GetOutcome(), turn.GetOutcomeReason())
 	}
 	_, err = s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: "busy", N: 9})
@@ -334,7 +209,7 @@ func TestForkConversationClaim(t *testing.T) {
 	if _, err := s.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: "claim-b", Message: "Please do the fork task."}); err != nil {
 		t.Fatalf("send to the fork: %v", err)
 	}
-	own := s.wait(t, "claim-b", 2)
+	own := s.waitTurn(t, "claim-b", 2)
 	if own.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED || !s.forkTapeCarries(t, own.GetRunId()) {
 		t.Fatalf("fork's turn: %v (%s), or its request lacks the parent's conversation", own.GetOutcome(), own.GetOutcomeReason())
 	}
@@ -344,7 +219,7 @@ func TestForkConversationClaim(t *testing.T) {
 	if _, err := s.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: "claim", Message: "Please do the fork task."}); err != nil {
 		t.Fatalf("send to the parent: %v", err)
 	}
-	if turn := s.wait(t, "claim", 2); turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+	if turn := s.waitTurn(t, "claim", 2); turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 		t.Fatalf("parent's turn: %v (%s)", turn.GetOutcome(), turn.GetOutcomeReason())
 	}
 	if got := s.get(t, "claim").GetConversationId(); got != parent.GetConversationId() {
@@ -421,7 +296,7 @@ func BenchmarkForkFanOut(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s.exec(b, opened.GetSession().GetSandboxId(), `head -c 1048576 /dev/urandom > blob.bin && for i in $(seq 1 200); do echo "line $i" > "f$i.txt"; done && git add -A && git commit -qm work && echo edit >> f1.txt`)
+	s.mustExec(b, opened.GetSession().GetSandboxId(), `head -c 1048576 /dev/urandom > blob.bin && for i in $(seq 1 200); do echo "line $i" > "f$i.txt"; done && git add -A && git commit -qm work && echo edit >> f1.txt`)
 	round := 0
 	for _, n := range []int{1, 2, 4, 8} {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
@@ -441,7 +316,7 @@ func BenchmarkForkFanOut(b *testing.B) {
 					if f.GetSandboxId() == "" {
 						b.Fatalf("fork %s is not up", f.GetName())
 					}
-					cps, err := checkpointv1.NewCheckpointServiceClient(s.conn).ListCheckpoints(ctx, &checkpointv1.ListCheckpointsRequest{Session: f.GetName()})
+					cps, err := s.checkpoints.ListCheckpoints(ctx, &checkpointv1.ListCheckpointsRequest{Session: f.GetName()})
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -13,7 +13,7 @@ import (
 
 func BenchmarkSandboxExecRoundTripFrontDoor(b *testing.B) {
 	s := sandboxStart(b)
-	s.apply(b, fmt.Sprintf("name: bench\nrepository: %s\n", sandboxRepo(b, map[string]string{"a": "b"})))
+	s.apply(b, fmt.Sprintf("name: bench\nrepository: %s\n", gitRepo(b, map[string]string{"a": "b"})))
 	id := s.acquire(b, "bench").GetSandbox().GetId()
 	for b.Loop() {
 		if _, _, err := s.run(b, "", "sb", "exec", id, "--", "true"); err != nil {
@@ -24,12 +24,12 @@ func BenchmarkSandboxExecRoundTripFrontDoor(b *testing.B) {
 
 func BenchmarkSandboxExecThroughput512MBFrontDoor(b *testing.B) {
 	s := sandboxStart(b)
-	s.apply(b, fmt.Sprintf("name: bench\nrepository: %s\n", sandboxRepo(b, map[string]string{"a": "b"})))
+	s.apply(b, fmt.Sprintf("name: bench\nrepository: %s\n", gitRepo(b, map[string]string{"a": "b"})))
 	id := s.acquire(b, "bench").GetSandbox().GetId()
 	const size = 512 << 20
 	b.SetBytes(size)
 	for b.Loop() {
-		stream, err := s.client.Exec(context.Background())
+		stream, err := s.sandboxes.Exec(context.Background())
 		if err != nil {
 			b.Fatal(err)
 		}

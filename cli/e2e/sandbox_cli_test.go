@@ -18,7 +18,7 @@ import (
 // a terminal with piped input, and the one-line errors for unknown names.
 func TestSandboxCLI(t *testing.T) {
 	s := sandboxStart(t)
-	repo := sandboxRepo(t, map[string]string{"README.md": "hello from the repo\n"})
+	repo := gitRepo(t, map[string]string{"README.md": "hello from the repo\n"})
 	spec := fmt.Sprintf("name: e2e\nrepository: %s\nbase_ref: main\nenv:\n  GREETING: hi\negress: full\n", repo)
 
 	if out := s.apply(t, spec); out != "environment e2e created\n" {
@@ -123,7 +123,7 @@ func TestSandboxCLI(t *testing.T) {
 	})
 
 	// The lease ends: the sandbox is destroyed and disappears from the list.
-	if _, err := s.client.ReleaseSandbox(context.Background(), &sandboxv1.ReleaseSandboxRequest{SandboxId: id, FencingToken: acq.GetLease().GetFencingToken()}); err != nil {
+	if _, err := s.sandboxes.ReleaseSandbox(context.Background(), &sandboxv1.ReleaseSandboxRequest{SandboxId: id, FencingToken: acq.GetLease().GetFencingToken()}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
@@ -143,7 +143,7 @@ func TestSandboxCLI(t *testing.T) {
 // sandbox's own loopback is reachable.
 func TestSandboxEgressNone(t *testing.T) {
 	s := sandboxStart(t)
-	repo := sandboxRepo(t, map[string]string{"README.md": "x\n"})
+	repo := gitRepo(t, map[string]string{"README.md": "x\n"})
 	s.apply(t, fmt.Sprintf(`{"name": "sealed", "repository": %q, "egress": "none"}`, repo))
 	acq := s.acquire(t, "sealed")
 	id := acq.GetSandbox().GetId()

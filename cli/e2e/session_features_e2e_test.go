@@ -6,11 +6,7 @@ package e2e_test
 // process (command.Execute); the agent talks to the scripted upstream.
 
 import (
-	"bytes"
 	"context"
-	"io"
-	"log/slog"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,14 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
-	"github.com/hangar-dev/hangar/api/sandboxexec"
-	"github.com/hangar-dev/hangar/cli/client"
-	"github.com/hangar-dev/hangar/cli/command"
-	"github.com/hangar-dev/hangar/cli/up"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
 )
 
@@ -56,70 +46,17 @@ func sessionFeatScript() scripted.Script {
 }
 
 // sessionFeatStack is hangar with the scripted upstream and the real
-// Claude Code; env is what an in-process CLI invocation sees and repo the
-// "e2e" environment's repository.
+// Claude Code; repo is the "e2e" environment's repository.
 type sessionFeatStack struct {
-	conn      *grpc.ClientConn
-	sessions  sessionv1.SessionServiceClient
-	sandboxes sandboxv1.SandboxServiceClient
-	env       map[string]string
-	repo      string
+	*stack
+	repo string
 }
 
 func sessionFeatStart(t *testing.T) *sessionFeatStack {
 	t.Helper()
-	dir := os.Getenv("HANGAR_HARNESS_DIR")
-	if dir == "" {
-		t.Skip("HANGAR_HARNESS_DIR is unset: run .ci/install-harnesses and set it to use the real agent CLIs")
-	}
-	upstream, err := scripted.New(sessionFeatScript())
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := httptest.NewServer(upstream)
-	t.Cleanup(model.Close)
-
-	var cfg up.Config
-	cfg.Home, cfg.Addr, cfg.LogLevel, cfg.LogFormat = filepath.Join(t.TempDir(), "hangar"), "127.0.0.1:0", "error", "text"
-	vars := map[string]string{
-		"HANGAR_SESSION_ADDR": "127.0.0.1:0", "HANGAR_SANDBOX_ADDR": "127.0.0.1:0", "HANGAR_CHECKPOINT_ADDR": "127.0.0.1:0",
-		"HANGAR_GATEWAY_ADDR": "127.0.0.1:0", "HANGAR_REPLAY_ADDR": "127.0.0.1:0",
-		"HANGAR_ANTHROPIC_URL": model.URL, "HANGAR_ANTHROPIC_API_KEY": "upstream-key",
-		"HANGAR_OPENAI_URL": model.URL + "/v1", "HANGAR_OPENAI_API_KEY": "upstream-key",
-		"HANGAR_CLAUDE_BIN": filepath.Join(dir, sessionE2EClaude),
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stack, err := up.Start(ctx, cfg, func(name string) (string, bool) { v, ok := vars[name]; return v, ok }, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		cancel()
-		t.Fatalf("starting hangar: %v", err)
-	}
-	conn, err := client.Endpoint{URL: stack.URL, Token: stack.Token}.Dial()
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		cancel()
-		if err := stack.Wait(); err != nil {
-			t.Errorf("hangar stopped with %v", err)
-		}
-	})
-	s := &sessionFeatStack{
-		conn:      conn,
-		sessions:  sessionv1.NewSessionServiceClient(conn),
-		sandboxes: sandboxv1.NewSandboxServiceClient(conn),
-		env:       map[string]string{"HANGAR_URL": stack.URL, "HANGAR_TOKEN": stack.Token, "HANGAR_HOME": filepath.Join(t.TempDir(), "client")},
-		repo:      t.TempDir(),
-	}
-	sessionFeatGit(t, s.repo, "init", "-q", "-b", "main")
-	sessionFeatGit(t, s.repo, "commit", "-q", "--allow-empty", "-m", "base")
-	if _, err := s.sandboxes.ApplyEnvironment(context.Background(), &sandboxv1.ApplyEnvironmentRequest{Environment: &sandboxv1.Environment{
-		Name: "e2e", Repository: s.repo, BaseRef: "main", Egress: sandboxv1.Egress_EGRESS_FULL,
-	}}); err != nil {
-		t.Fatalf("apply environment: %v", err)
-	}
+	script := sessionFeatScript()
+	s := &sessionFeatStack{stack: startStack(t, stackOptions{script: &script}), repo: gitRepo(t, nil)}
+	s.applyEnvironment(t, "e2e", s.repo, 0, sandboxv1.Egress_EGRESS_FULL)
 	return s
 }
 
@@ -136,13 +73,11 @@ func sessionFeatGit(t *testing.T, dir string, args ...string) string {
 	return string(out)
 }
 
-// cli runs `hangar args...` in process.
+// cli runs `hangar args...` in process; it returns stdout then stderr.
 func (s *sessionFeatStack) cli(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	var out, errOut bytes.Buffer
-	err := command.Execute(context.Background(), command.Streams{In: strings.NewReader(""), Out: &out, Err: &errOut}, args,
-		func(name string) (string, bool) { v, ok := s.env[name]; return v, ok })
-	return out.String() + errOut.String(), err
+	out, errOut, err := s.run(t, "", args...)
+	return out + errOut, err
 }
 
 func (s *sessionFeatStack) mustCLI(t *testing.T, args ...string) string {
@@ -152,47 +87,6 @@ func (s *sessionFeatStack) mustCLI(t *testing.T, args ...string) string {
 		t.Fatalf("hangar %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return out
-}
-
-// wait follows a turn to its end.
-func (s *sessionFeatStack) wait(t *testing.T, name string, turn int32) *sessionv1.Turn {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	stream, err := s.sessions.WaitForTurn(ctx, &sessionv1.WaitForTurnRequest{Name: name, Turn: turn})
-	if err != nil {
-		t.Fatalf("wait for turn %d of %s: %v", turn, name, err)
-	}
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			t.Fatalf("wait for turn %d of %s: %v", turn, name, err)
-		}
-		if r := resp.GetResult(); r != nil {
-			return r
-		}
-	}
-}
-
-func (s *sessionFeatStack) get(t *testing.T, name string) *sessionv1.Session {
-	t.Helper()
-	resp, err := s.sessions.GetSession(context.Background(), &sessionv1.GetSessionRequest{Name: name})
-	if err != nil {
-		t.Fatalf("get %s: %v", name, err)
-	}
-	return resp.GetSession()
-}
-
-// exec runs a shell script in a sandbox's work tree; it returns the output
-// and the exit code.
-func (s *sessionFeatStack) exec(t *testing.T, sandboxID, script string) (string, int) {
-	t.Helper()
-	var out, errOut bytes.Buffer
-	code, err := sandboxexec.New(s.sandboxes).Exec(context.Background(), sandboxID, 0, []string{"sh", "-c", script}, nil, "", nil, &out, &errOut)
-	if err != nil {
-		t.Fatalf("exec %q: %v", script, err)
-	}
-	return out.String() + errOut.String(), code
 }
 
 // sessionFeatClone clones the environment's repository.
@@ -258,7 +152,7 @@ func TestSessionFeatPullAndUsage(t *testing.T) {
 	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: name, Environment: "e2e", Message: "Please do the work task."}); err != nil {
 		t.Fatalf("new: %v", err)
 	}
-	turn := s.wait(t, name, 1)
+	turn := s.waitTurn(t, name, 1)
 	if turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 		t.Fatalf("turn 1: %v (%s)", turn.GetOutcome(), turn.GetOutcomeReason())
 	}
@@ -292,7 +186,7 @@ func TestSessionFeatPullAndUsage(t *testing.T) {
 	if _, err := s.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: name, Message: "Please do the second commit task."}); err != nil {
 		t.Fatalf("send: %v", err)
 	}
-	if second := s.wait(t, name, 2); second.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+	if second := s.waitTurn(t, name, 2); second.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 		t.Fatalf("turn 2: %v (%s)", second.GetOutcome(), second.GetOutcomeReason())
 	}
 	if _, err := s.sessions.SuspendSession(ctx, &sessionv1.SuspendSessionRequest{Name: name}); err != nil {
@@ -352,7 +246,7 @@ func (s *sessionFeatStack) approvalTurn(t *testing.T, name, message, flag string
 		t.Errorf("session approvals lists %q, not %s", out, held.GetId())
 	}
 	s.mustCLI(t, "session", "approvals", name, flag, held.GetId())
-	turn := s.wait(t, name, 1)
+	turn := s.waitTurn(t, name, 1)
 	all, err := s.sessions.ListApprovals(ctx, &sessionv1.ListApprovalsRequest{Name: name, All: true})
 	if err != nil || len(all.GetApprovals()) == 0 || all.GetApprovals()[0].GetState() == sessionv1.ApprovalState_APPROVAL_STATE_PENDING {
 		t.Errorf("answered approvals: %v, %v", all.GetApprovals(), err)
@@ -407,7 +301,7 @@ func TestSessionFeatFromLocal(t *testing.T) {
 	}
 	t.Chdir(local)
 	s.mustCLI(t, "session", "new", "feat-local", "Say OK.", "--from-local", "-e", "e2e", "-w")
-	turn := s.wait(t, "feat-local", 1)
+	turn := s.waitTurn(t, "feat-local", 1)
 	if turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 		t.Fatalf("turn: %v (%s)", turn.GetOutcome(), turn.GetOutcomeReason())
 	}
@@ -431,7 +325,7 @@ func TestSessionFeatFromLocal(t *testing.T) {
 	sessionFeatGit(t, other, "commit", "-q", "--allow-empty", "-m", "unpushed")
 	t.Chdir(other)
 	s.mustCLI(t, "session", "new", "feat-local-bad", "Say OK.", "--from-local", "-e", "e2e")
-	bad := s.wait(t, "feat-local-bad", 1)
+	bad := s.waitTurn(t, "feat-local-bad", 1)
 	if bad.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_FAILED || !strings.Contains(bad.GetOutcomeReason(), "push it") {
 		t.Errorf("turn on a missing base: %v (%s)", bad.GetOutcome(), bad.GetOutcomeReason())
 	}
@@ -447,7 +341,7 @@ func TestSessionFeatSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.mustCLI(t, "session", "new", "feat-schema", "Please do the schema task.", "-e", "e2e", "--schema", schema, "-w")
-	turn := s.wait(t, "feat-schema", 1)
+	turn := s.waitTurn(t, "feat-schema", 1)
 	if turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 		t.Fatalf("turn 1: %v (%s)", turn.GetOutcome(), turn.GetOutcomeReason())
 	}
@@ -457,7 +351,7 @@ func TestSessionFeatSchema(t *testing.T) {
 	}
 
 	s.mustCLI(t, "session", "send", "feat-schema", "Please do the plain task.", "--schema", schema, "-w")
-	plain := s.wait(t, "feat-schema", 2)
+	plain := s.waitTurn(t, "feat-schema", 2)
 	if plain.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED || plain.GetStructuredResult() != nil {
 		t.Errorf("turn 2: %v (%s), structured %v", plain.GetOutcome(), plain.GetOutcomeReason(), plain.GetStructuredResult())
 	}

@@ -10,11 +10,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http/httptest"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,16 +17,12 @@ import (
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
-	"github.com/hangar-dev/hangar/api/sandboxexec"
-	"github.com/hangar-dev/hangar/cli/client"
-	"github.com/hangar-dev/hangar/cli/up"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
 	sessionapp "github.com/hangar-dev/hangar/session-svc/app"
 )
@@ -57,10 +48,6 @@ const (
 // later turns come first: a handoff prompt holds the earlier turns'
 // requests too.
 func sessionMoreScript() scripted.Script {
-	call := func(tool, arg, cmd, prompt string) scripted.Rule {
-		return scripted.Rule{Name: tool + "-" + prompt, Tool: tool, Prompt: "(?i)" + prompt, LastIsToolResult: scripted.Bool(false),
-			Answer: scripted.Answer{Text: "Working on it.", ToolCall: &scripted.ToolCall{Name: tool, Input: map[string]any{arg: cmd}}}}
-	}
 	rules := []scripted.Rule{{Name: "done", LastIsToolResult: scripted.Bool(true), Answer: scripted.Answer{Text: "Done with the task."}}}
 	for _, job := range []struct{ prompt, cmd string }{
 		{"gamma job", sessionMoreGammaCmd},
@@ -70,10 +57,7 @@ func sessionMoreScript() scripted.Script {
 		{"wait job", sessionMoreWaitCmd},
 		{"crash job", sessionMoreCrashCmd},
 	} {
-		rules = append(rules,
-			call("Bash", "command", job.cmd, job.prompt),
-			call("exec_command", "cmd", job.cmd, job.prompt),
-			call("bash", "command", job.cmd, job.prompt))
+		rules = append(rules, shellRules(job.prompt, job.cmd)...)
 	}
 	return scripted.Script{Rules: rules, Default: &scripted.Answer{Text: "OK."}}
 }
@@ -111,14 +95,11 @@ func (c *sessionMoreClock) sweep(t testing.TB) {
 	}
 }
 
-// sessionMoreStack is hangar with the scripted upstream and the real CLIs.
+// sessionMoreStack is hangar with the scripted upstream and the real CLIs;
+// repo is the "e2e" environment's repository.
 type sessionMoreStack struct {
-	conn      *grpc.ClientConn
-	sessions  sessionv1.SessionServiceClient
-	sandboxes sandboxv1.SandboxServiceClient
-	gateway   gatewayv1.GatewayServiceClient
-	clock     *sessionMoreClock
-	repo      string
+	*stack
+	repo string
 }
 
 // sessionMoreStart starts hangar. With clock the session service's idle
@@ -126,99 +107,25 @@ type sessionMoreStack struct {
 // CLIs aren't installed.
 func sessionMoreStart(t testing.TB, clock *sessionMoreClock, needCLIs bool) *sessionMoreStack {
 	t.Helper()
-	dir := os.Getenv("HANGAR_HARNESS_DIR")
-	if dir == "" && needCLIs {
-		t.Skip("HANGAR_HARNESS_DIR is unset: run .ci/install-harnesses and set it to use the real agent CLIs")
-	}
-	upstream, err := scripted.New(sessionMoreScript())
-	if err != nil {
-		t.Fatal(err)
-	}
-	model := httptest.NewServer(upstream)
-	t.Cleanup(model.Close)
-
-	var cfg up.Config
-	cfg.Home, cfg.Addr, cfg.LogLevel, cfg.LogFormat = filepath.Join(t.TempDir(), "hangar"), "127.0.0.1:0", "error", "text"
+	script := sessionMoreScript()
+	opts := stackOptions{script: &script, optionalCLIs: !needCLIs}
 	if clock != nil {
-		cfg.SessionClock = sessionapp.Clock{Now: clock.Now, Tick: clock.tick}
+		opts.clock = sessionapp.Clock{Now: clock.Now, Tick: clock.tick}
 	}
-	vars := map[string]string{
-		"HANGAR_SESSION_ADDR": "127.0.0.1:0", "HANGAR_SANDBOX_ADDR": "127.0.0.1:0", "HANGAR_CHECKPOINT_ADDR": "127.0.0.1:0",
-		"HANGAR_GATEWAY_ADDR": "127.0.0.1:0", "HANGAR_REPLAY_ADDR": "127.0.0.1:0",
-		"HANGAR_ANTHROPIC_URL": model.URL, "HANGAR_ANTHROPIC_API_KEY": "upstream-key",
-		"HANGAR_OPENAI_URL": model.URL + "/v1", "HANGAR_OPENAI_API_KEY": "upstream-key",
-		"HANGAR_CLAUDE_BIN":      filepath.Join(dir, sessionE2EClaude),
-		"HANGAR_CODEX_BIN":       filepath.Join(dir, sessionE2ECodex),
-		"HANGAR_PI_BIN":          filepath.Join(dir, sessionE2EPi),
-		"HANGAR_PI_NODE_BIN_DIR": filepath.Join(dir, sessionE2ENode22),
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stack, err := up.Start(ctx, cfg, func(name string) (string, bool) { v, ok := vars[name]; return v, ok }, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		cancel()
-		t.Fatalf("starting hangar: %v", err)
-	}
-	conn, err := client.Endpoint{URL: stack.URL, Token: stack.Token}.Dial()
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		cancel()
-		if err := stack.Wait(); err != nil {
-			t.Errorf("hangar stopped with %v", err)
-		}
-	})
-	s := &sessionMoreStack{
-		conn: conn, clock: clock,
-		sessions:  sessionv1.NewSessionServiceClient(conn),
-		sandboxes: sandboxv1.NewSandboxServiceClient(conn),
-		gateway:   gatewayv1.NewGatewayServiceClient(conn),
-	}
-	s.repo = sessionMoreRepo(t, 0, 0)
-	s.applyEnv(t, "e2e", s.repo, 0)
+	s := &sessionMoreStack{stack: startStack(t, opts), repo: gitRepo(t, nil)}
+	s.applyEnvironment(t, "e2e", s.repo, 0, sandboxv1.Egress_EGRESS_FULL)
 	return s
 }
 
-// sessionMoreRepo makes a git repository with files of size bytes each
-// (none when files is 0) in one commit.
-func sessionMoreRepo(t testing.TB, files, size int) string {
-	t.Helper()
-	repo := t.TempDir()
+// sessionMoreFiles is n files of size bytes each, each different so git
+// stores every one.
+func sessionMoreFiles(n, size int) map[string]string {
 	content := bytes.Repeat([]byte("hangar resume benchmark line\n"), size/29+1)[:size]
-	for i := range files {
-		p := filepath.Join(repo, fmt.Sprintf("d%02d", i%50), fmt.Sprintf("f%04d.txt", i))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		// Each file differs, so git stores every one.
-		if err := os.WriteFile(p, append([]byte(fmt.Sprintf("file %d\n", i)), content...), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	files := make(map[string]string, n)
+	for i := range n {
+		files[filepath.Join(fmt.Sprintf("d%02d", i%50), fmt.Sprintf("f%04d.txt", i))] = fmt.Sprintf("file %d\n", i) + string(content)
 	}
-	for _, args := range [][]string{
-		{"init", "-q", "-b", "main"},
-		{"add", "-A"},
-		{"-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "base"},
-	} {
-		cmd := exec.Command("git", args...)
-		cmd.Dir = repo
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-	}
-	return repo
-}
-
-func (s *sessionMoreStack) applyEnv(t testing.TB, name, repo string, pool int32) {
-	t.Helper()
-	_, err := s.sandboxes.ApplyEnvironment(context.Background(), &sandboxv1.ApplyEnvironmentRequest{Environment: &sandboxv1.Environment{
-		Name: name, Repository: repo, BaseRef: "main", Egress: sandboxv1.Egress_EGRESS_FULL, WarmPoolSize: pool,
-	}})
-	if err != nil {
-		t.Fatalf("apply environment %s: %v", name, err)
-	}
+	return files
 }
 
 // create starts a session with a first turn and waits for it to end.
@@ -229,7 +136,7 @@ func (s *sessionMoreStack) create(t testing.TB, name string, h sessionv1.Harness
 	}); err != nil {
 		t.Fatalf("new %s: %v", name, err)
 	}
-	return s.wait(t, name, 1)
+	return s.waitTurn(t, name, 1)
 }
 
 // send runs a turn and waits for it to end.
@@ -239,47 +146,7 @@ func (s *sessionMoreStack) send(t testing.TB, name string, h sessionv1.Harness, 
 	if err != nil {
 		t.Fatalf("send to %s: %v", name, err)
 	}
-	return s.wait(t, name, resp.GetTurn().GetNumber())
-}
-
-// wait follows a turn to its end and returns it.
-func (s *sessionMoreStack) wait(t testing.TB, name string, turn int32) *sessionv1.Turn {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	stream, err := s.sessions.WaitForTurn(ctx, &sessionv1.WaitForTurnRequest{Name: name, Turn: turn})
-	if err != nil {
-		t.Fatalf("wait for turn %d of %s: %v", turn, name, err)
-	}
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			t.Fatalf("wait for turn %d of %s: %v", turn, name, err)
-		}
-		if r := resp.GetResult(); r != nil {
-			return r
-		}
-	}
-}
-
-func (s *sessionMoreStack) get(t testing.TB, name string) *sessionv1.Session {
-	t.Helper()
-	resp, err := s.sessions.GetSession(context.Background(), &sessionv1.GetSessionRequest{Name: name})
-	if err != nil {
-		t.Fatalf("get %s: %v", name, err)
-	}
-	return resp.GetSession()
-}
-
-// exec runs a shell command in a sandbox (token 0: the sandbox is leased).
-func (s *sessionMoreStack) exec(t testing.TB, sandboxID, script string) (string, int) {
-	t.Helper()
-	var out, errOut bytes.Buffer
-	code, err := sandboxexec.New(s.sandboxes).Exec(context.Background(), sandboxID, 0, []string{"sh", "-c", script}, nil, "", nil, &out, &errOut)
-	if err != nil {
-		t.Fatalf("exec %q: %v", script, err)
-	}
-	return out.String() + errOut.String(), code
+	return s.waitTurn(t, name, resp.GetTurn().GetNumber())
 }
 
 // sessionMoreEventually polls cond until it holds or the deadline passes.
@@ -329,7 +196,7 @@ func TestSessionIdleSuspension(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"idle-one", "idle-never"} {
-		sessionMoreCompleted(t, s.wait(t, name, 1))
+		sessionMoreCompleted(t, s.waitTurn(t, name, 1))
 	}
 	for name, idle := range map[string]int32{"idle-one": 1, "idle-never": 0} {
 		if _, err := s.sessions.KeepSession(ctx, &sessionv1.KeepSessionRequest{Name: name, IdleMinutes: idle}); err != nil {
@@ -617,7 +484,7 @@ func TestSessionBadInput(t *testing.T) {
 		if out, code := s.exec(t, sandboxID, "touch release.flag"); code != 0 {
 			t.Fatalf("release the turn: %s", out)
 		}
-		sessionMoreCompleted(t, s.wait(t, name, 1))
+		sessionMoreCompleted(t, s.waitTurn(t, name, 1))
 		if _, err := s.sessions.SuspendSession(ctx, &sessionv1.SuspendSessionRequest{Name: name}); err != nil {
 			t.Errorf("suspend after the turn: %v", err)
 		}
@@ -664,14 +531,14 @@ func TestSessionBadInput(t *testing.T) {
 func BenchmarkSessionResume(b *testing.B) {
 	s := sessionMoreStart(b, nil, false)
 	ctx := context.Background()
-	repo := sessionMoreRepo(b, 5000, 8<<10) // ~40 MB
+	repo := gitRepo(b, sessionMoreFiles(5000, 8<<10)) // ~40 MB
 	b.ResetTimer()
 	for _, c := range []struct {
 		name string
 		pool int32
 	}{{"cold", 0}, {"warm", 1}} {
 		env := "bench-" + c.name
-		s.applyEnv(b, env, repo, c.pool)
+		s.applyEnvironment(b, env, repo, c.pool, sandboxv1.Egress_EGRESS_FULL)
 		runs := 0
 		b.Run(c.name, func(b *testing.B) {
 			runs++
