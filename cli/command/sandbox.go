@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/cli/client"
 )
 
@@ -66,15 +67,21 @@ func sandboxCallErr(err error) error {
 
 // dialSandbox connects to the sandbox service through the endpoint.
 func dialSandbox(lookupEnv func(string) (string, bool)) (sandboxv1.SandboxServiceClient, func(), error) {
+	sb, _, done, err := dialSandboxAndSessions(lookupEnv)
+	return sb, done, err
+}
+
+// dialSandboxAndSessions also gives the session service, for holds.
+func dialSandboxAndSessions(lookupEnv func(string) (string, bool)) (sandboxv1.SandboxServiceClient, sessionv1.SessionServiceClient, func(), error) {
 	ep, err := client.Resolve(lookupEnv)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	conn, err := ep.Dial()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return sandboxv1.NewSandboxServiceClient(conn), func() { _ = conn.Close() }, nil
+	return sandboxv1.NewSandboxServiceClient(conn), sessionv1.NewSessionServiceClient(conn), func() { _ = conn.Close() }, nil
 }
 
 func sandboxCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
@@ -155,11 +162,13 @@ func sandboxExecCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 					start.Env[k] = v
 				}
 			}
-			sb, done, err := dialSandbox(lookupEnv)
+			sb, sessions, done, err := dialSandboxAndSessions(lookupEnv)
 			if err != nil {
 				return err
 			}
 			defer done()
+			release := holdSandboxSession(cmd.Context(), sb, sessions, args[0], sessionv1.HoldKind_HOLD_KIND_COMMAND, "hangar sb exec "+strings.Join(args[1:], " "))
+			defer release()
 			return sandboxExec(cmd.Context(), sb, start, streams)
 		},
 	}
@@ -263,11 +272,13 @@ hangar exits with the shell's exit code.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			open := &sandboxv1.TerminalOpen{SandboxId: args[0], FencingToken: token, Command: args[1:], TerminalId: terminalID}
-			sb, done, err := dialSandbox(lookupEnv)
+			sb, sessions, done, err := dialSandboxAndSessions(lookupEnv)
 			if err != nil {
 				return err
 			}
 			defer done()
+			release := holdSandboxSession(cmd.Context(), sb, sessions, args[0], sessionv1.HoldKind_HOLD_KIND_TERMINAL, "hangar sb attach")
+			defer release()
 			return sandboxAttach(cmd.Context(), sb, open, streams, detachOnEOF)
 		},
 	}

@@ -587,6 +587,9 @@ func sessionEvents(ctx context.Context, c sessionv1.SessionServiceClient, out io
 	if !follow {
 		return nil
 	}
+	// Following an agent holds its session open.
+	release := holdSession(ctx, c, name, sessionv1.HoldKind_HOLD_KIND_COMMAND, "hangar session events --follow")
+	defer release()
 	stream, err := c.StreamEvents(ctx, &sessionv1.StreamEventsRequest{Name: name, AfterSeq: after})
 	if err != nil {
 		return sessionCallErr(err)
