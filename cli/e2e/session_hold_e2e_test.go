@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 )
@@ -53,5 +54,54 @@ func TestCommandHoldsSession(t *testing.T) {
 	}
 	if h := held(); len(h) != 0 {
 		t.Errorf("holds after sb exec ended: %v", h)
+	}
+}
+
+// TestPeriodicCheckpoint: while a session is up, a checkpoint is taken every
+// HANGAR_SESSION_CHECKPOINT_MINUTES (10) when something changed, and none
+// when nothing did.
+func TestPeriodicCheckpoint(t *testing.T) {
+	clock := &sessionMoreClock{now: time.Now().UTC(), tick: make(chan time.Time)}
+	s := sessionMoreStart(t, clock, false)
+	ctx := context.Background()
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "periodic", Environment: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	opened, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: "periodic"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func() int {
+		resp, err := s.checkpoints.ListCheckpoints(ctx, &checkpointv1.ListCheckpointsRequest{Session: "periodic"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range resp.GetCheckpoints() {
+			if c.GetReason() != checkpointv1.CheckpointReason_CHECKPOINT_REASON_PERIODIC {
+				t.Errorf("checkpoint %s has reason %v, want periodic", c.GetId(), c.GetReason())
+			}
+		}
+		return len(resp.GetCheckpoints())
+	}
+
+	clock.sweep(t) // an up session with no checkpoint gets one
+	if n := count(); n != 1 {
+		t.Fatalf("after the first sweep: %d checkpoints, want 1", n)
+	}
+	s.mustExec(t, opened.GetSession().GetSandboxId(), "echo changed > notes.txt")
+	clock.advance(5 * time.Minute)
+	clock.sweep(t)
+	if n := count(); n != 1 {
+		t.Fatalf("5 minutes later: %d checkpoints, want still 1", n)
+	}
+	clock.advance(6 * time.Minute)
+	clock.sweep(t)
+	if n := count(); n != 2 {
+		t.Fatalf("11 minutes after a change: %d checkpoints, want 2", n)
+	}
+	clock.advance(11 * time.Minute)
+	clock.sweep(t)
+	if n := count(); n != 2 {
+		t.Fatalf("11 more minutes without a change: %d checkpoints, want still 2", n)
 	}
 }
