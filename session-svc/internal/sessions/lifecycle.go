@@ -32,8 +32,9 @@ var checkpointReasons = map[string]checkpointv1.CheckpointReason{
 }
 
 // checkpoint captures s's sandbox. token overrides the session's fencing
-// token (a destroy notice carries its own). It returns nil when nothing
-// changed since the previous checkpoint and that one was reused.
+// token (a destroy notice carries its own). When nothing changed since the
+// previous checkpoint, the checkpoint service reuses it and that one is
+// returned.
 func (m *Manager) checkpoint(ctx context.Context, s *store.Session, turn int, reason string, token uint64) (*checkpointv1.Checkpoint, error) {
 	sb, err := m.sandboxOf(ctx, s)
 	if err != nil {
@@ -68,9 +69,6 @@ func (m *Manager) checkpoint(ctx context.Context, s *store.Session, turn int, re
 		text = fmt.Sprintf("checkpoint %s unchanged (%s)", cp.GetId(), reason)
 	}
 	m.appendStoreEvents(ctx, s.Name, []store.Event{{Turn: turn, Kind: "checkpoint", Text: text}})
-	if !resp.GetCreated() {
-		return cp, nil
-	}
 	return cp, nil
 }
 

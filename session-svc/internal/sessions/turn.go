@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"path"
 	"strings"
 	"time"
@@ -458,9 +459,7 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 
 // finishTurn records a turn's end: its outcome and usage, a checkpoint, the
 // conversation id, and the session's next state.
-func (m *Manager) finishTurn(ctx context.Context, log interface {
-	WarnContext(context.Context, string, ...any)
-}, name string, number int, res turnResult) {
+func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string, number int, res turnResult) {
 	s, err := m.get(ctx, name)
 	if err != nil {
 		log.WarnContext(ctx, "turn end not recorded", "error", err)
