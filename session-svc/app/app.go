@@ -125,6 +125,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		},
 		Claims: sessions.NewClaims(redis.Client, "hangar:session:claims:"),
 	})
+	jobs := sessions.NewJobs(a.manager)
+	if err := jobs.FailInterrupted(ctx); err != nil {
+		return nil, err
+	}
 	sessionsServer := server.New(a.manager, records, holdStore)
 	a.svc, err = service.New(ctx, service.Options{
 		Name:   Name,
@@ -132,7 +136,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		Logger: logger,
 		Register: func(s *grpc.Server) {
 			sessionv1.RegisterSessionServiceServer(s, sessionsServer)
-			sessionv1.RegisterJobServiceServer(s, server.NewJobs(sessions.NewJobs(a.manager)))
+			sessionv1.RegisterJobServiceServer(s, server.NewJobs(jobs))
 		},
 		Gateways: []service.Gateway{
 			sessionv1.RegisterSessionServiceHandler,

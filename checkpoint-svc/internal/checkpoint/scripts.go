@@ -10,8 +10,8 @@ package checkpoint
 // The copy keeps the index's stat cache, so only changed files are read.
 // It is left in place for the patch part (patchScript removes it) and
 // removed if the probe fails. With $4 (the previous checkpoint's HEAD) it
-// says whether that commit is an ancestor of HEAD. The real index is not
-// touched.
+// says whether that commit is an ancestor of HEAD. The real index's content
+// is not changed (its stat cache is refreshed).
 const probeScript = `set -e
 cd "$1"
 [ "$(git rev-parse --is-inside-work-tree 2>/dev/null)" = true ] || { echo "not a git work tree" >&2; exit 10; }
@@ -26,6 +26,10 @@ tmp="$gitdir/hangar-tree-index.$3"
 ok=0
 trap '[ "$ok" = 1 ] || rm -f "$tmp"' EXIT
 idx="$(git rev-parse --git-path index)"
+# Refresh the real index's stat cache first (what git status does; content
+# is not changed): its entries then read as clean without rehashing, so a
+# capture reads only what changed. Best effort: a held index lock is fine.
+git update-index -q --refresh >/dev/null 2>&1 || true
 # -p keeps the index mtime: git trusts its stat cache only for entries
 # older than the index file (racy-git), so a fresh mtime would hide edits
 # made within the same second as the last index write.
@@ -52,6 +56,10 @@ cd "$1"
 tmp="$(git rev-parse --absolute-git-dir)/hangar-tree-index.$$"
 trap 'rm -f "$tmp"' EXIT
 idx="$(git rev-parse --git-path index)"
+# Refresh the real index's stat cache first (what git status does; content
+# is not changed): its entries then read as clean without rehashing, so a
+# capture reads only what changed. Best effort: a held index lock is fine.
+git update-index -q --refresh >/dev/null 2>&1 || true
 # -p keeps the index mtime: git trusts its stat cache only for entries
 # older than the index file (racy-git), so a fresh mtime would hide edits
 # made within the same second as the last index write.

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"strconv"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -51,7 +50,7 @@ func (s *Jobs) GetJob(ctx context.Context, req *sessionv1.GetJobRequest) (*sessi
 	if s.jobs == nil {
 		return nil, fault.Unimplemented("jobs are not available")
 	}
-	j, err := s.jobs.Get(req.GetId())
+	j, err := s.jobs.Get(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -63,26 +62,17 @@ func (s *Jobs) ListJobs(ctx context.Context, req *sessionv1.ListJobsRequest) (*s
 	if s.jobs == nil {
 		return nil, fault.Unimplemented("jobs are not available")
 	}
-	all := s.jobs.List()
-	start := 0
-	if t := req.GetPageToken(); t != "" {
-		v, err := strconv.Atoi(t)
-		if err != nil || v < 0 || v > len(all) {
-			return nil, fault.InvalidArgument("page_token", "the page token is not one this service issued")
-		}
-		start = v
-	}
 	size := int(req.GetPageSize())
 	if size <= 0 || size > 100 {
 		size = 50
 	}
-	end := min(start+size, len(all))
-	out := &sessionv1.ListJobsResponse{}
-	for _, j := range all[start:end] {
-		out.Jobs = append(out.Jobs, jobProto(j))
+	page, next, err := s.jobs.List(ctx, size, req.GetPageToken())
+	if err != nil {
+		return nil, err
 	}
-	if end < len(all) {
-		out.NextPageToken = strconv.Itoa(end)
+	out := &sessionv1.ListJobsResponse{NextPageToken: next}
+	for _, j := range page {
+		out.Jobs = append(out.Jobs, jobProto(j))
 	}
 	return out, nil
 }

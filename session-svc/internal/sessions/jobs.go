@@ -3,8 +3,9 @@ package sessions
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,10 +18,10 @@ import (
 
 // Job states.
 const (
-	JobPending   = "pending"
-	JobRunning   = "running"
-	JobDelivered = "delivered"
-	JobFailed    = "failed"
+	JobPending   = store.JobPending
+	JobRunning   = store.JobRunning
+	JobDelivered = store.JobDelivered
+	JobFailed    = store.JobFailed
 )
 
 // JobBestOfN is the strategy that forks a prepared session into attempts.
@@ -28,46 +29,50 @@ const JobBestOfN = "best_of_n"
 
 // Job is a best-of-N job: a prepared session forked into N attempts, each
 // scored by a check command run in its sandbox, the best delivered.
-type Job struct {
-	ID, Strategy, State   string
-	Session, Message      string
-	N                     int
-	Check                 string
-	Budget                *store.Budget
-	Attempts              []Attempt
-	Winner, Patch, Branch string
-	CreatedAt             time.Time
-	EndedAt               *time.Time
-	Error                 string
-}
+type Job = store.Job
 
 // Attempt is one fork of a job and its check result.
-type Attempt struct {
-	Session, Branch, Outcome string
-	CheckExitCode            int
-	Score                    *float64
-	CheckOutput              string
-	Usage                    store.Usage
-}
+type Attempt = store.Attempt
 
-func (j *Job) clone() *Job {
-	c := *j
-	c.Attempts = slices.Clone(j.Attempts)
-	return &c
-}
+// ReasonJobInterrupted is the Error of a job whose process stopped while it
+// was pending or running.
+const ReasonJobInterrupted = "interrupted by a control-plane restart"
 
-// Jobs runs jobs. Their records are kept in memory: a restart of the
-// service forgets them (the attempts are sessions and stay).
+// jobWriteTimeout bounds a job record write made after the job's context
+// ended (the process is stopping), so the record still says how it ended.
+const jobWriteTimeout = 10 * time.Second
+
+// Jobs runs jobs. Their records are in the store (they survive a restart);
+// a job runs in the process that created it, and waiters in this process
+// are woken through the Manager's broadcaster on every write.
+//
+// A job does not survive its process: one that was pending or running when
+// the process stopped is failed with ReasonJobInterrupted, at start
+// (FailInterrupted) rather than when next read, so a read never writes and
+// a list never shows a job as running that nothing runs. This assumes one
+// session-svc per database: replicas sharing a PostgreSQL database would
+// fail each other's running jobs when one of them starts.
 type Jobs struct {
-	m    *Manager
-	mu   sync.Mutex
-	jobs map[string]*Job
-	// order is creation order, for listing newest first.
-	order []string
+	m *Manager
 }
 
-// NewJobs returns the job runner over m.
-func NewJobs(m *Manager) *Jobs { return &Jobs{m: m, jobs: map[string]*Job{}} }
+// NewJobs returns the job runner over m. Call FailInterrupted before
+// serving.
+func NewJobs(m *Manager) *Jobs { return &Jobs{m: m} }
+
+// FailInterrupted fails the jobs an earlier process left pending or running
+// (ReasonJobInterrupted). Call it once at start, before any job is created.
+func (js *Jobs) FailInterrupted(ctx context.Context) error {
+	ids, err := js.m.d.Store.FailUnfinishedJobs(ctx, ReasonJobInterrupted)
+	if err != nil {
+		return fmt.Errorf("fail interrupted jobs: %w", err)
+	}
+	for _, id := range ids {
+		js.m.log.WarnContext(ctx, "job failed: interrupted by a restart", "job", id)
+		js.m.events.publish(jobTopic(id))
+	}
+	return nil
+}
 
 // JobInput is what CreateJob asks for.
 type JobInput struct {
@@ -76,7 +81,7 @@ type JobInput struct {
 	Budget                            *store.Budget
 }
 
-// Create starts a job and returns it pending; it runs in the background.
+// Create records a job and returns it pending; it runs in the background.
 func (js *Jobs) Create(ctx context.Context, in JobInput) (*Job, error) {
 	switch in.Strategy {
 	case JobBestOfN:
@@ -108,50 +113,52 @@ func (js *Jobs) Create(ctx context.Context, in JobInput) (*Job, error) {
 		ID: "job-" + shortID()[:8], Strategy: in.Strategy, State: JobPending, Session: in.Session,
 		Message: in.Message, N: in.N, Check: in.Check, Budget: in.Budget, CreatedAt: js.m.now(),
 	}
-	js.mu.Lock()
-	js.jobs[job.ID] = job
-	js.order = append(js.order, job.ID)
-	out := job.clone()
-	js.mu.Unlock()
+	if err := js.m.d.Store.CreateJob(ctx, job); err != nil {
+		return nil, fmt.Errorf("record job: %w", err)
+	}
+	run := *job
 	js.m.wg.Add(1)
 	go func() {
 		defer js.m.wg.Done()
-		js.run(js.m.background, job.ID)
+		js.run(js.m.background, &run)
 	}()
-	return out, nil
+	return job, nil
 }
 
 // Get returns a job.
-func (js *Jobs) Get(id string) (*Job, error) {
-	js.mu.Lock()
-	defer js.mu.Unlock()
-	j := js.jobs[id]
-	if j == nil {
+func (js *Jobs) Get(ctx context.Context, id string) (*Job, error) {
+	j, err := js.m.d.Store.GetJob(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
 		return nil, fault.NotFound("JOB_NOT_FOUND", "job %q does not exist", id)
 	}
-	return j.clone(), nil
+	if err != nil {
+		return nil, fmt.Errorf("load job %s: %w", id, err)
+	}
+	return j, nil
 }
 
-// List returns the jobs, newest first.
-func (js *Jobs) List() []*Job {
-	js.mu.Lock()
-	defer js.mu.Unlock()
-	out := make([]*Job, 0, len(js.order))
-	for i := len(js.order) - 1; i >= 0; i-- {
-		out = append(out, js.jobs[js.order[i]].clone())
+// List returns a page of at most limit jobs (all when limit <= 0), newest
+// first, and the token of the next page ("" on the last).
+func (js *Jobs) List(ctx context.Context, limit int, pageToken string) ([]*Job, string, error) {
+	out, next, err := js.m.d.Store.ListJobs(ctx, limit, pageToken)
+	if errors.Is(err, store.ErrBadPageToken) {
+		return nil, "", fault.InvalidArgument("page_token", "the page token is not one this service issued")
 	}
-	return out
+	if err != nil {
+		return nil, "", fmt.Errorf("list jobs: %w", err)
+	}
+	return out, next, nil
 }
 
 // Wait blocks until the job has ended or ctx ends.
 func (js *Jobs) Wait(ctx context.Context, id string) (*Job, error) {
 	for {
-		j, err := js.Get(id)
+		j, err := js.Get(ctx, id)
 		if err != nil || j.EndedAt != nil {
 			return j, err
 		}
 		wake, stop := js.m.events.subscribe(jobTopic(id))
-		if j, err = js.Get(id); err != nil || j.EndedAt != nil {
+		if j, err = js.Get(ctx, id); err != nil || j.EndedAt != nil {
 			stop()
 			return j, err
 		}
@@ -167,26 +174,41 @@ func (js *Jobs) Wait(ctx context.Context, id string) (*Job, error) {
 
 func jobTopic(id string) string { return "job/" + id }
 
-func (js *Jobs) update(id string, f func(j *Job)) {
-	js.mu.Lock()
-	f(js.jobs[id])
-	js.mu.Unlock()
+// update writes a change to a running job and wakes its waiters. It writes
+// even after ctx has ended (the process is stopping), within
+// jobWriteTimeout; a write that fails leaves the job unfinished in the
+// store, for FailInterrupted at the next start.
+func (js *Jobs) update(ctx context.Context, id string, f func(j *Job)) {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), jobWriteTimeout)
+	defer cancel()
+	_, err := js.m.d.Store.UpdateJob(wctx, id, func(j *Job) error {
+		f(j)
+		return nil
+	})
+	if err != nil {
+		js.m.log.WarnContext(ctx, "job record not written", "job", id, "error", err)
+		return
+	}
 	js.m.events.publish(jobTopic(id))
 }
 
 // run forks, waits for every attempt's turn, checks each and delivers the
 // best.
-func (js *Jobs) run(ctx context.Context, id string) {
-	j, _ := js.Get(id)
+func (js *Jobs) run(ctx context.Context, j *Job) {
+	id := j.ID
 	fail := func(msg string, err error) {
+		if ctx.Err() != nil {
+			// The process is stopping: whatever went wrong came from that.
+			msg = ReasonJobInterrupted
+		}
 		js.m.log.WarnContext(ctx, "job failed", "job", id, "reason", msg, "error", err)
-		js.update(id, func(j *Job) {
+		js.update(ctx, id, func(j *Job) {
 			j.State, j.Error = JobFailed, msg
 			end := js.m.now()
 			j.EndedAt = &end
 		})
 	}
-	js.update(id, func(j *Job) { j.State = JobRunning })
+	js.update(ctx, id, func(j *Job) { j.State = JobRunning })
 	prefix := j.Session
 	suffix := strings.TrimPrefix(j.ID, "job-")
 	if len(prefix) > 63-len(suffix)-4 {
@@ -217,7 +239,7 @@ func (js *Jobs) run(ctx context.Context, id string) {
 			best = i
 		}
 	}
-	js.update(id, func(j *Job) { j.Attempts = attempts })
+	js.update(ctx, id, func(j *Job) { j.Attempts = attempts })
 	if best < 0 {
 		fail("no attempt passed the check", nil)
 		return
@@ -227,7 +249,7 @@ func (js *Jobs) run(ctx context.Context, id string) {
 		fail("the best attempt's patch could not be read", err)
 		return
 	}
-	js.update(id, func(j *Job) {
+	js.update(ctx, id, func(j *Job) {
 		j.State, j.Winner, j.Patch, j.Branch = JobDelivered, attempts[best].Session, patch, attempts[best].Branch
 		end := js.m.now()
 		j.EndedAt = &end

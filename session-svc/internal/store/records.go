@@ -175,3 +175,48 @@ type Transition struct {
 	Reason  string
 	At      time.Time
 }
+
+// Job states.
+const (
+	JobPending   = "pending"
+	JobRunning   = "running"
+	JobDelivered = "delivered"
+	JobFailed    = "failed"
+)
+
+// Job is a job record (best-of-N): what was asked, its attempts and what it
+// delivered.
+type Job struct {
+	ID       string
+	Strategy string
+	// State is one of the Job constants.
+	State   string
+	Session string
+	Message string
+	N       int
+	// Check is the command that scores each attempt.
+	Check string
+	// Budget overrides the session's for the attempts; nil keeps it.
+	Budget   *Budget
+	Attempts []Attempt
+	Winner   string
+	Patch    string
+	Branch   string
+	Error    string
+	// CreatedAt defaults to now in CreateJob.
+	CreatedAt time.Time
+	// EndedAt is nil until the job is delivered or fails.
+	EndedAt *time.Time
+}
+
+// Attempt is one attempt of a job and its check result.
+type Attempt struct {
+	Session       string
+	Branch        string
+	Outcome       string
+	CheckExitCode int
+	// Score is the last number the check printed; nil when it printed none.
+	Score       *float64
+	CheckOutput string
+	Usage       Usage
+}

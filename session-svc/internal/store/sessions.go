@@ -13,7 +13,8 @@ import (
 	"time"
 )
 
-// ErrBadPageToken: ListSessions was given a page token it did not issue.
+// ErrBadPageToken: ListSessions or ListJobs was given a page token it did
+// not issue.
 var ErrBadPageToken = errors.New("bad page token")
 
 const sessionColumns = `name, environment, repo, harness, branch, state, state_reason, state_changed_at,

@@ -1,5 +1,5 @@
 // Package store keeps session-svc's records in SQL: sessions, their state
-// transitions, turns, events, checkpoints and artifacts.
+// transitions, turns, events, checkpoints, artifacts and jobs.
 //
 // One Store works on either an embedded SQLite file (the default) or
 // PostgreSQL (a postgres:// URL), with the same SQL: queries are written with

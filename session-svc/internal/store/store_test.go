@@ -783,3 +783,218 @@ func TestOpenRejectsBadURL(t *testing.T) {
 		t.Fatal("Open accepted no SQLite path")
 	}
 }
+
+func floatp(v float64) *float64 { return &v }
+
+func TestJobs(t *testing.T) {
+	t.Parallel()
+	dialects(t, func(t *testing.T, d db) {
+		ctx := t.Context()
+		s := d.open(t)
+		now := d.clock.Now()
+		full := &store.Job{
+			ID: "job-full", Strategy: "best_of_n", State: store.JobPending, Session: "parent", Message: "do it",
+			N: 2, Check: "make test", Budget: &store.Budget{MaxCostUSD: 0.5, MaxTokens: 900, MaxMinutes: 3},
+		}
+		if err := s.CreateJob(ctx, full); err != nil {
+			t.Fatalf("CreateJob: %v", err)
+		}
+		if !full.CreatedAt.Equal(now) {
+			t.Fatalf("CreateJob CreatedAt = %v, want %v", full.CreatedAt, now)
+		}
+		if err := s.CreateJob(ctx, &store.Job{ID: "job-full"}); !errors.Is(err, store.ErrExists) {
+			t.Fatalf("duplicate CreateJob: %v", err)
+		}
+		if err := s.CreateJob(ctx, &store.Job{}); err == nil {
+			t.Fatal("CreateJob accepted an empty id")
+		}
+		got, err := s.GetJob(ctx, "job-full")
+		if err != nil {
+			t.Fatalf("GetJob: %v", err)
+		}
+		if !reflect.DeepEqual(got, full) {
+			t.Fatalf("GetJob = %+v\nwant %+v", got, full)
+		}
+		if _, err := s.GetJob(ctx, "job-none"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("GetJob of a missing job: %v", err)
+		}
+
+		d.clock.Advance(time.Minute)
+		end := d.clock.Now()
+		attempts := []store.Attempt{
+			{Session: "parent-full-1", Branch: "b1", Outcome: store.OutcomeCompleted, CheckExitCode: 0, Score: floatp(7.5),
+				CheckOutput: "score 7.5", Usage: store.Usage{InputTokens: 1, OutputTokens: 2, CacheReadTokens: 3, CacheWriteTokens: 4, CostUSD: 0.25, ModelCalls: 5}},
+			{Session: "parent-full-2", Outcome: store.OutcomeFailed, CheckExitCode: -1},
+		}
+		updated, err := s.UpdateJob(ctx, "job-full", func(j *store.Job) error {
+			j.ID = "ignored"
+			j.State, j.Attempts, j.Winner, j.Patch, j.Branch = store.JobDelivered, attempts, "parent-full-1", "diff --git", "b1"
+			j.Budget, j.EndedAt = nil, &end
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("UpdateJob: %v", err)
+		}
+		got, err = s.GetJob(ctx, "job-full")
+		if err != nil {
+			t.Fatalf("GetJob after update: %v", err)
+		}
+		if got.ID != "job-full" || !reflect.DeepEqual(got, updated) {
+			t.Fatalf("after UpdateJob: %+v\nreturned %+v", got, updated)
+		}
+		if got.Budget != nil || got.EndedAt == nil || !got.EndedAt.Equal(end) || !reflect.DeepEqual(got.Attempts, attempts) {
+			t.Fatalf("after UpdateJob: budget %v, ended %v, attempts %+v", got.Budget, got.EndedAt, got.Attempts)
+		}
+
+		boom := errors.New("boom")
+		if _, err := s.UpdateJob(ctx, "job-full", func(j *store.Job) error { j.State = store.JobFailed; return boom }); !errors.Is(err, boom) {
+			t.Fatalf("UpdateJob with a failing fn: %v", err)
+		}
+		if got, err := s.GetJob(ctx, "job-full"); err != nil || got.State != store.JobDelivered {
+			t.Fatalf("a failed UpdateJob wrote: %v, %v", got, err)
+		}
+		if _, err := s.UpdateJob(ctx, "job-none", func(*store.Job) error { return nil }); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("UpdateJob of a missing job: %v", err)
+		}
+
+		// Jobs outlive the process: a reopened store has them.
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s = d.open(t)
+		if got, err := s.GetJob(ctx, "job-full"); err != nil || !reflect.DeepEqual(got, updated) {
+			t.Fatalf("after reopen: %+v, %v", got, err)
+		}
+	})
+}
+
+// Concurrent UpdateJobs of one job each see the others' writes.
+func TestUpdateJobConcurrent(t *testing.T) {
+	t.Parallel()
+	dialects(t, func(t *testing.T, d db) {
+		ctx := t.Context()
+		s := d.open(t)
+		if err := s.CreateJob(ctx, &store.Job{ID: "job-c", State: store.JobRunning}); err != nil {
+			t.Fatal(err)
+		}
+		const writers = 8
+		var wg sync.WaitGroup
+		errs := make([]error, writers)
+		for i := range writers {
+			wg.Go(func() {
+				_, errs[i] = s.UpdateJob(ctx, "job-c", func(j *store.Job) error {
+					j.Attempts = append(j.Attempts, store.Attempt{Session: fmt.Sprint("a", i)})
+					return nil
+				})
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("writer %d: %v", i, err)
+			}
+		}
+		got, err := s.GetJob(ctx, "job-c")
+		if err != nil || len(got.Attempts) != writers {
+			t.Fatalf("attempts after %d concurrent updates: %d, %v", writers, len(got.Attempts), err)
+		}
+	})
+}
+
+func TestListJobs(t *testing.T) {
+	t.Parallel()
+	dialects(t, func(t *testing.T, d db) {
+		ctx := t.Context()
+		s := d.open(t)
+		if jobs, next, err := s.ListJobs(ctx, 2, ""); err != nil || len(jobs) != 0 || next != "" {
+			t.Fatalf("ListJobs of none = %v, %q, %v", jobs, next, err)
+		}
+		base := d.clock.Now()
+		// id, minutes after base: job-b, job-c and job-d tie on created_at.
+		for _, r := range []struct {
+			id  string
+			min int
+		}{{"job-a", 1}, {"job-b", 5}, {"job-c", 5}, {"job-d", 5}, {"job-e", 3}, {"job-f", 9}} {
+			j := &store.Job{ID: r.id, State: store.JobPending, CreatedAt: base.Add(time.Duration(r.min) * time.Minute)}
+			if err := s.CreateJob(ctx, j); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := []string{"job-f", "job-d", "job-c", "job-b", "job-e", "job-a"}
+		for _, limit := range []int{0, 1, 2, 4, 6, 10} {
+			var all []string
+			token := ""
+			for pages := 1; ; pages++ {
+				page, next, err := s.ListJobs(ctx, limit, token)
+				if err != nil {
+					t.Fatalf("limit %d: %v", limit, err)
+				}
+				if limit > 0 && len(page) > limit {
+					t.Fatalf("limit %d: page of %d", limit, len(page))
+				}
+				for _, j := range page {
+					all = append(all, j.ID)
+				}
+				if next == "" {
+					break
+				}
+				if pages > 10 {
+					t.Fatalf("limit %d: too many pages", limit)
+				}
+				token = next
+			}
+			if !slices.Equal(all, want) {
+				t.Errorf("limit %d: %v, want %v", limit, all, want)
+			}
+		}
+		if _, _, err := s.ListJobs(ctx, 1, "!!"); !errors.Is(err, store.ErrBadPageToken) {
+			t.Errorf("bad token: %v", err)
+		}
+	})
+}
+
+func TestFailUnfinishedJobs(t *testing.T) {
+	t.Parallel()
+	dialects(t, func(t *testing.T, d db) {
+		ctx := t.Context()
+		s := d.open(t)
+		ended := d.clock.Now()
+		for _, j := range []*store.Job{
+			{ID: "job-p", State: store.JobPending},
+			{ID: "job-r", State: store.JobRunning},
+			{ID: "job-d", State: store.JobDelivered, Winner: "w", EndedAt: &ended},
+			{ID: "job-f", State: store.JobFailed, Error: "no attempt passed the check", EndedAt: &ended},
+		} {
+			if err := s.CreateJob(ctx, j); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d.clock.Advance(time.Hour)
+		now := d.clock.Now()
+		ids, err := s.FailUnfinishedJobs(ctx, "cut off")
+		slices.Sort(ids)
+		if err != nil || !slices.Equal(ids, []string{"job-p", "job-r"}) {
+			t.Fatalf("FailUnfinishedJobs = %v, %v", ids, err)
+		}
+		for _, tc := range []struct {
+			id, state, error string
+			ended            time.Time
+		}{
+			{"job-p", store.JobFailed, "cut off", now},
+			{"job-r", store.JobFailed, "cut off", now},
+			{"job-d", store.JobDelivered, "", ended},
+			{"job-f", store.JobFailed, "no attempt passed the check", ended},
+		} {
+			j, err := s.GetJob(ctx, tc.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if j.State != tc.state || j.Error != tc.error || j.EndedAt == nil || !j.EndedAt.Equal(tc.ended) {
+				t.Errorf("%s: %s %q ended %v, want %s %q ended %v", tc.id, j.State, j.Error, j.EndedAt, tc.state, tc.error, tc.ended)
+			}
+		}
+		if ids, err := s.FailUnfinishedJobs(ctx, "cut off"); err != nil || len(ids) != 0 {
+			t.Fatalf("second FailUnfinishedJobs = %v, %v", ids, err)
+		}
+	})
+}
