@@ -108,7 +108,13 @@ func TestRefillBoundedAndNeverOverCreates(t *testing.T) {
 	// Wait for the creates themselves, not the pool's count: the pool counts
 	// a create before its goroutine calls Create.
 	waitFor(t, "three in flight", func() bool { return p.Stats().Creating == 3 && h.inFlight.Load() == 3 })
-	close(h.release)
+	// Let them finish one at a time, so which is oldest is known: the
+	// sandbox with id 1.
+	for i := range 3 {
+		h.release <- struct{}{}
+		waitFor(t, "one more ready", func() bool { return p.Stats().Ready == i+1 })
+	}
+	close(h.release) // later creates (the refill) go through at once
 	waitFor(t, "three ready", func() bool { s := p.Stats(); return s.Ready == 3 && s.Creating == 0 })
 	if got := h.maxFlight.Load(); got != 3 {
 		t.Errorf("max creates in flight = %d, want 3", got)
