@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -352,6 +353,12 @@ func mirrorHealth(ctx context.Context, addr, token string, names []string, into 
 	for ctx.Err() == nil {
 		watchHealth(ctx, conn, set)
 		set(healthpb.HealthCheckResponse_NOT_SERVING)
+		// The watch ended (the service restarts or stops): look again soon,
+		// without spinning.
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 }
 
