@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -81,7 +82,8 @@ func (t *tailBuffer) String() string { return strings.TrimSpace(string(t.b)) }
 type probe struct {
 	head, branch, base, gitdir string
 	refs                       []ref
-	tree, treeIndex            string
+	// tree is the full work tree's; itree the index's ("-": it has none).
+	tree, itree string
 	// ancestor: the previous checkpoint's HEAD is an ancestor of HEAD.
 	ancestor bool
 }
@@ -106,8 +108,8 @@ func parseProbe(out []byte) probe {
 		case "ref":
 			sha, name, _ := strings.Cut(v, " ")
 			p.refs = append(p.refs, ref{Name: strings.TrimPrefix(name, "refs/heads/"), Commit: sha})
-		case "treeindex":
-			p.treeIndex = v
+		case "itree":
+			p.itree = v
 		case "ancestor":
 			p.ancestor = v == "yes"
 		case "tree":
@@ -200,24 +202,12 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 		return nil, fault.FailedPrecondition(ReasonNotARepo, "work_dir %s is not the top of a git work tree", wd)
 	}
 	pr := parseProbe(out.Bytes())
-	if pr.treeIndex != "" {
-		// patchScript removes the index copy; if the capture stops before
-		// it runs, remove it here.
-		defer func() {
-			if pr.treeIndex == "" {
-				return
-			}
-			if _, err := e.run(context.WithoutCancel(ctx), sb, []string{"rm", "-f", pr.treeIndex}, nil, nil, nil); err != nil {
-				e.opt.Logger.LogAttrs(ctx, slog.LevelWarn, "capture cleanup failed", slog.Any("error", err))
-			}
-		}()
-	}
 	switch {
 	case pr.base == "missing" || pr.base == "":
 		return nil, fault.FailedPrecondition(ReasonBaseMissing, "base commit %s is not in the sandbox's repository", req.GetBaseCommit())
 	case !commitRE.MatchString(pr.head):
 		return nil, fault.FailedPrecondition(ReasonNotARepo, "the repository in %s has no commit checked out", wd)
-	case pr.tree == "" || pr.treeIndex == "":
+	case !commitRE.MatchString(pr.tree) || (pr.itree != "-" && !commitRE.MatchString(pr.itree)):
 		return nil, fmt.Errorf("capture probe: unexpected output %q", out.String())
 	}
 
@@ -225,36 +215,58 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	if err != nil {
 		return nil, err
 	}
-	seen := map[string]bool{}
+	// The parts are captured concurrently, each its own exec stream: most
+	// of a small capture is waiting on git in the sandbox and on the store.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var (
-		parts    []*checkpointv1.Part
+		mu       sync.Mutex // guards warnings and stored
 		warnings []*checkpointv1.Warning
 		stored   int64
 	)
-	capturePart := func(kind checkpointv1.PartKind, limit int64, argv []string, allowed ...int) (*checkpointv1.Part, bool, error) {
-		pw := newPartWriter(ctx, e.opt.Store, dk, e.idKey, limit, seen)
-		defer func() { stored += pw.stored }()
-		code, err := e.run(ctx, sb, argv, gitEnv, nil, pw, allowed...)
+	// capturePart runs argvs one after the other into one part (none: the
+	// part is empty); a command exiting with one of allowed yields no part.
+	capturePart := func(kind checkpointv1.PartKind, limit int64, env map[string]string, argvs [][]string, allowed ...int) (*checkpointv1.Part, error) {
+		pw := newPartWriter(ctx, e.opt.Store, dk, e.idKey, kind, limit, e.known)
+		defer func() {
+			mu.Lock()
+			stored += pw.stored
+			mu.Unlock()
+		}()
+		var (
+			code int
+			err  error
+		)
+		for _, argv := range argvs {
+			if code, err = e.run(ctx, sb, argv, env, nil, pw, allowed...); err != nil || code != 0 {
+				break
+			}
+		}
 		if errors.Is(err, errPartTooLarge) {
 			w := &checkpointv1.Warning{Code: "PART_TOO_LARGE", Part: kind,
 				Message: fmt.Sprintf("%s part is over the %d MB limit and was not kept", partName(kind), limit>>20)}
-			if kind == checkpointv1.PartKind_PART_KIND_UNTRACKED {
+			switch kind {
+			case checkpointv1.PartKind_PART_KIND_UNTRACKED:
 				w.Code = "UNTRACKED_TOO_LARGE"
 				w.Message = fmt.Sprintf("untracked files are over the %d MB limit and were not kept", limit>>20)
+			case checkpointv1.PartKind_PART_KIND_BUNDLE:
+				w.Message = fmt.Sprintf("the commits' bundle is over the %d MB limit and was not kept; this checkpoint cannot be restored", limit>>20)
 			}
+			mu.Lock()
 			warnings = append(warnings, w)
-			return &checkpointv1.Part{Kind: kind, Skipped: true, SizeBytes: pw.size}, true, nil
+			mu.Unlock()
+			return &checkpointv1.Part{Kind: kind, Skipped: true, SizeBytes: pw.size}, nil
 		}
 		if err != nil {
-			return nil, false, fmt.Errorf("capture %s: %w", partName(kind), err)
+			return nil, fmt.Errorf("capture %s: %w", partName(kind), err)
 		}
 		if code != 0 {
-			return nil, false, nil
+			return nil, nil
 		}
 		if err := pw.Close(); err != nil {
-			return nil, false, fmt.Errorf("capture %s: %w", partName(kind), err)
+			return nil, fmt.Errorf("capture %s: %w", partName(kind), err)
 		}
-		return &checkpointv1.Part{Kind: kind, SizeBytes: pw.size, Sha256: pw.sha(), Objects: pw.objects}, true, nil
+		return &checkpointv1.Part{Kind: kind, SizeBytes: pw.size, Sha256: pw.sha(), Objects: pw.objects}, nil
 	}
 
 	// Bundle: incremental on the previous checkpoint while its chain holds.
@@ -277,65 +289,78 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	for _, r := range pr.refs {
 		positive = append(positive, "refs/heads/"+r.Name)
 	}
-	env := map[string]string{"HANGAR_EXCLUDE": strings.Join(exclude, " ")}
+	bundleEnv := map[string]string{"HANGAR_EXCLUDE": strings.Join(exclude, " ")}
 	for k, v := range gitEnv {
-		env[k] = v
-	}
-	bundle, ok, err := func() (*checkpointv1.Part, bool, error) {
-		pw := newPartWriter(ctx, e.opt.Store, dk, e.idKey, e.opt.MaxPartBytes, seen)
-		defer func() { stored += pw.stored }()
-		code, err := e.run(ctx, sb, shArgv(bundleScript, append([]string{wd}, positive...)...), env, nil, pw, 3)
-		if errors.Is(err, errPartTooLarge) {
-			warnings = append(warnings, &checkpointv1.Warning{Code: "PART_TOO_LARGE", Part: checkpointv1.PartKind_PART_KIND_BUNDLE,
-				Message: fmt.Sprintf("the commits' bundle is over the %d MB limit and was not kept; this checkpoint cannot be restored", e.opt.MaxPartBytes>>20)})
-			return &checkpointv1.Part{Kind: checkpointv1.PartKind_PART_KIND_BUNDLE, Skipped: true, SizeBytes: pw.size}, true, nil
-		}
-		if err != nil || code == 3 {
-			return nil, false, err
-		}
-		if err := pw.Close(); err != nil {
-			return nil, false, err
-		}
-		return &checkpointv1.Part{Kind: checkpointv1.PartKind_PART_KIND_BUNDLE, SizeBytes: pw.size, Sha256: pw.sha(), Objects: pw.objects}, true, nil
-	}()
-	if err != nil {
-		return nil, fmt.Errorf("capture bundle: %w", err)
-	}
-	parts = append(parts, chain...)
-	if ok {
-		parts = append(parts, bundle)
+		bundleEnv[k] = v
 	}
 
 	git := func(args ...string) []string {
 		return append(append([]string{"git", "-C", wd}, diffArgs...), args...)
 	}
 	type step struct {
-		kind  checkpointv1.PartKind
-		limit int64
-		argv  []string
+		kind    checkpointv1.PartKind
+		limit   int64
+		argvs   [][]string
+		env     map[string]string
+		allowed []int // exit codes meaning "no part" (the bundle's 3: no commits)
 	}
-	steps := []step{
-		{checkpointv1.PartKind_PART_KIND_DIFF, e.opt.MaxPartBytes, git("HEAD")},
-		{checkpointv1.PartKind_PART_KIND_INDEX, e.opt.MaxPartBytes, git("--cached", "HEAD")},
-		{checkpointv1.PartKind_PART_KIND_UNTRACKED, minLimit(e.opt.MaxUntrackedBytes, e.opt.MaxPartBytes), shArgv(untrackedScript, wd)},
-		// The whole work against the base, from the probe's index of the
-		// full work tree: GetCheckpointPatch needs no sandbox.
-		{checkpointv1.PartKind_PART_KIND_PATCH, e.opt.MaxPartBytes, shArgv(patchScript, append([]string{pr.treeIndex}, git("--cached", pr.base)...)...)},
-	}
-	if paths := req.GetConversationPaths(); len(paths) > 0 {
-		argv := append([]string{"tar", "-c", "-f", "-", "--format=gnu", "-P", "--ignore-failed-read", "--"}, paths...)
-		steps = append(steps, step{checkpointv1.PartKind_PART_KIND_CONVERSATION, e.opt.MaxPartBytes, argv})
-	}
-	untrackedSkipped := false
-	for _, s := range steps {
-		p, _, err := capturePart(s.kind, s.limit, s.argv)
-		if s.kind == checkpointv1.PartKind_PART_KIND_PATCH {
-			pr.treeIndex = "" // patchScript removed it, whatever happened
-		}
+	steps := []step{{checkpointv1.PartKind_PART_KIND_BUNDLE, e.opt.MaxPartBytes,
+		[][]string{shArgv(bundleScript, append([]string{wd}, positive...)...)}, bundleEnv, []int{3}}}
+	// With the index's tree (it lacks one only with unmerged entries) the
+	// parts are diffs between trees, which cost what changed rather than
+	// what the tree holds; otherwise they come from git diff over the index
+	// and the work tree.
+	untrackedLimit := minLimit(e.opt.MaxUntrackedBytes, e.opt.MaxPartBytes)
+	if pr.itree != "-" {
+		diff, repos, err := e.trackedDiff(ctx, sb, wd, pr, git)
 		if err != nil {
 			return nil, err
 		}
-		if s.kind == checkpointv1.PartKind_PART_KIND_UNTRACKED && p.GetSkipped() {
+		steps = append(steps,
+			step{kind: checkpointv1.PartKind_PART_KIND_DIFF, limit: e.opt.MaxPartBytes, argvs: diff, env: literalEnv},
+			step{kind: checkpointv1.PartKind_PART_KIND_INDEX, limit: e.opt.MaxPartBytes, argvs: [][]string{git(pr.head, pr.itree)}, env: gitEnv},
+			step{kind: checkpointv1.PartKind_PART_KIND_UNTRACKED, limit: untrackedLimit, env: gitEnv,
+				argvs: [][]string{shArgv(untrackedTreeScript, append([]string{wd, pr.itree, pr.tree}, repos...)...)}},
+		)
+	} else {
+		steps = append(steps,
+			step{kind: checkpointv1.PartKind_PART_KIND_DIFF, limit: e.opt.MaxPartBytes, argvs: [][]string{git("HEAD")}, env: gitEnv},
+			step{kind: checkpointv1.PartKind_PART_KIND_INDEX, limit: e.opt.MaxPartBytes, argvs: [][]string{git("--cached", "HEAD")}, env: gitEnv},
+			step{kind: checkpointv1.PartKind_PART_KIND_UNTRACKED, limit: untrackedLimit, argvs: [][]string{shArgv(untrackedScript, wd)}, env: gitEnv},
+		)
+	}
+	// The whole work against the base, from the work tree's tree:
+	// GetCheckpointPatch needs no sandbox.
+	steps = append(steps, step{kind: checkpointv1.PartKind_PART_KIND_PATCH, limit: e.opt.MaxPartBytes, argvs: [][]string{git(pr.base, pr.tree)}, env: gitEnv})
+	if paths := req.GetConversationPaths(); len(paths) > 0 {
+		argv := append([]string{"tar", "-c", "-f", "-", "--format=gnu", "-P", "--ignore-failed-read", "--"}, paths...)
+		steps = append(steps, step{kind: checkpointv1.PartKind_PART_KIND_CONVERSATION, limit: e.opt.MaxPartBytes, argvs: [][]string{argv}, env: gitEnv})
+	}
+	got := make([]*checkpointv1.Part, len(steps))
+	errs := make([]error, len(steps))
+	var wg sync.WaitGroup
+	for i, st := range steps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = capturePart(st.kind, st.limit, st.env, st.argvs, st.allowed...)
+			if errs[i] != nil {
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := firstCause(errs); err != nil {
+		return nil, err
+	}
+	// The chain first, oldest bundle first, then this capture's own.
+	parts := append([]*checkpointv1.Part(nil), chain...)
+	untrackedSkipped := false
+	for _, p := range got {
+		if p == nil {
+			continue // no new commits: no bundle of its own
+		}
+		if p.GetKind() == checkpointv1.PartKind_PART_KIND_UNTRACKED && p.GetSkipped() {
 			untrackedSkipped = true
 		}
 		parts = append(parts, p)
@@ -378,6 +403,24 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	e.opt.Logger.LogAttrs(ctx, slog.LevelInfo, "checkpoint captured", slog.String("checkpoint", cp.GetId()),
 		slog.Int64("size_bytes", cp.GetSizeBytes()), slog.Int64("stored_bytes", cp.GetStoredBytes()), slog.Int("warnings", len(warnings)))
 	return &CaptureResult{Checkpoint: cp, Warnings: warnings, Created: true}, nil
+}
+
+// firstCause is the first error that is not another goroutine's
+// cancellation (which the first error caused).
+func firstCause(errs []error) error {
+	var canceled error
+	for _, err := range errs {
+		switch {
+		case err == nil:
+		case errors.Is(err, context.Canceled):
+			if canceled == nil {
+				canceled = err
+			}
+		default:
+			return err
+		}
+	}
+	return canceled
 }
 
 func minLimit(a, b int64) int64 {
@@ -445,4 +488,106 @@ func sameContent(prev, m *manifest) bool {
 		}
 	}
 	return true
+}
+
+// literalEnv is gitEnv with pathspecs taken literally: the paths a tree
+// diff names are file names, whatever bytes they hold.
+var literalEnv = func() map[string]string {
+	env := map[string]string{"GIT_LITERAL_PATHSPECS": "1"}
+	for k, v := range gitEnv {
+		env[k] = v
+	}
+	return env
+}()
+
+// maxPathspecBytes bounds the paths a tree diff names on its command line;
+// past it the work tree's diff is git diff's over the index and the work
+// tree (the same patch, at the cost of a scan of the work tree).
+const maxPathspecBytes = 256 << 10
+
+// trackedDiff returns the commands that write the DIFF part, the tracked
+// files' uncommitted changes against HEAD (what `git diff HEAD` prints),
+// from the trees: HEAD against the work tree's tree on the paths that
+// changed and are tracked (the index has them, or HEAD has them and the
+// work tree does not), plus HEAD against the index's tree on the staged
+// deletions whose files are still there (untracked now). None when
+// nothing changed.
+//
+// It also returns the untracked repositories in the work tree (the work
+// tree's tree has them as gitlinks the index lacks).
+func (e *Engine) trackedDiff(ctx context.Context, sb sandbox, wd string, pr probe, git func(...string) []string) ([][]string, []string, error) {
+	var out bytes.Buffer
+	if _, err := e.run(ctx, sb, shArgv(changesScript, wd, pr.head, pr.itree, pr.tree), gitEnv, nil, &out); err != nil {
+		return nil, nil, fmt.Errorf("capture changes: %w", err)
+	}
+	changes, err := parseChanges(out.Bytes())
+	if err != nil {
+		return nil, nil, err
+	}
+	// The work tree's files the index lacks: untracked.
+	untracked := map[string]bool{}
+	var repos []string
+	for _, c := range changes["IW"] {
+		if c.status == "A" {
+			untracked[c.path] = true
+			if c.newMode == "160000" {
+				repos = append(repos, c.path)
+			}
+		}
+	}
+	var changed, stagedDeleted []string
+	size := 0
+	for _, c := range changes["HW"] {
+		if !untracked[c.path] {
+			changed = append(changed, c.path)
+			size += len(c.path) + 1
+		}
+	}
+	for _, c := range changes["HI"] {
+		if c.status == "D" && untracked[c.path] {
+			stagedDeleted = append(stagedDeleted, c.path)
+			size += len(c.path) + 1
+		}
+	}
+	var argvs [][]string
+	switch {
+	case size > maxPathspecBytes:
+		argvs = append(argvs, git("HEAD"))
+	default:
+		if len(changed) > 0 {
+			argvs = append(argvs, git(append([]string{pr.head, pr.tree, "--"}, changed...)...))
+		}
+		if len(stagedDeleted) > 0 {
+			argvs = append(argvs, git(append([]string{pr.head, pr.itree, "--"}, stagedDeleted...)...))
+		}
+	}
+	return argvs, repos, nil
+}
+
+type change struct{ newMode, status, path string }
+
+// parseChanges reads changesScript's output: section names, each followed
+// by raw entries (":oldmode newmode old new status", path).
+func parseChanges(out []byte) (map[string][]change, error) {
+	tok := strings.Split(string(out), "\x00")
+	if len(tok) > 0 && tok[len(tok)-1] == "" {
+		tok = tok[:len(tok)-1]
+	}
+	res := map[string][]change{}
+	sec := ""
+	for i := 0; i < len(tok); {
+		t := tok[i]
+		if t == "HI" || t == "HW" || t == "IW" {
+			sec = t
+			i++
+			continue
+		}
+		f := strings.Fields(t)
+		if sec == "" || i+1 >= len(tok) || !strings.HasPrefix(t, ":") || len(f) != 5 {
+			return nil, fmt.Errorf("capture changes: unexpected output at entry %d", i)
+		}
+		res[sec] = append(res[sec], change{newMode: f[1], status: f[4], path: tok[i+1]})
+		i += 2
+	}
+	return res, nil
 }

@@ -75,7 +75,14 @@ type Engine struct {
 	mu        sync.Mutex
 	sessions  map[string]*sync.Mutex
 	manifests map[string][]string // manifest key -> objects (manifests never change)
+
+	// known holds objects known to be in the store (captures skip their
+	// Stat); collect forgets what it deletes.
+	known *objectSet
 }
+
+// maxKnownObjects bounds the known-object cache (~100 bytes an entry).
+const maxKnownObjects = 200_000
 
 // New returns an Engine.
 func New(opt Options) (*Engine, error) {
@@ -93,7 +100,7 @@ func New(opt Options) (*Engine, error) {
 	}
 	return &Engine{
 		opt: opt, idKey: opt.Keys.Derive("checkpoint object id"),
-		sessions: map[string]*sync.Mutex{}, manifests: map[string][]string{},
+		sessions: map[string]*sync.Mutex{}, manifests: map[string][]string{}, known: newObjectSet(maxKnownObjects),
 	}, nil
 }
 
@@ -432,6 +439,7 @@ func (e *Engine) collect(ctx context.Context) error {
 	for _, in := range objs {
 		id := in.Key[strings.LastIndexByte(in.Key, '/')+1:]
 		if !live[id] {
+			e.known.forget(id)
 			if err := deleteKey(ctx, e.opt.Store, in.Key); err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package checkpoint_test
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -105,5 +106,72 @@ func TestRoundTripFidelity(t *testing.T) {
 	}
 	if !strings.Contains(diff.String(), "unstaged()") {
 		t.Fatalf("diff part lacks the unstaged change:\n%s", diff.String())
+	}
+}
+
+// TestRoundTripUnusualStates covers states the tree diffs see differently
+// from git diff: an index with unmerged entries (it has no tree, so the
+// capture falls back to git diff), a staged deletion of a file that stays,
+// an empty untracked directory at the top, and an untracked repository.
+func TestRoundTripUnusualStates(t *testing.T) {
+	t.Parallel()
+	cases := map[string]func(t *testing.T, work string){
+		"unmerged": func(t *testing.T, work string) {
+			write(t, work, "conflict.txt", "base\n", 0o644)
+			git(t, work, "add", "-A")
+			git(t, work, "commit", "-q", "-m", "base")
+			git(t, work, "checkout", "-q", "-b", "other")
+			write(t, work, "conflict.txt", "theirs\n", 0o644)
+			git(t, work, "commit", "-q", "-am", "theirs")
+			git(t, work, "checkout", "-q", "hangar/session/s1")
+			write(t, work, "conflict.txt", "ours\n", 0o644)
+			write(t, work, "src/a.go", "package a // edited\n", 0o644)
+			git(t, work, "commit", "-q", "-am", "ours")
+			cmd := exec.Command("git", "merge", "-q", "other")
+			cmd.Dir = work
+			if err := cmd.Run(); err == nil {
+				t.Fatal("merge did not conflict")
+			}
+			write(t, work, "src/b.go", "package b // unstaged\n", 0o644)
+			nested := filepath.Join(work, "deps/lib")
+			write(t, nested, "lib.go", "package lib\n", 0o644)
+			git(t, nested, "init", "-q")
+			git(t, nested, "add", "-A")
+			git(t, nested, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "lib")
+		},
+		"staged deletion kept": func(t *testing.T, work string) {
+			git(t, work, "rm", "-q", "--cached", "README.md")
+			git(t, work, "rm", "-q", "--cached", "src/a.go")
+			write(t, work, "src/a.go", "package a // now untracked\n", 0o600)
+			write(t, work, "src/b.go", "package b // unstaged\n", 0o644)
+		},
+		"empty and nested": func(t *testing.T, work string) {
+			os.MkdirAll(filepath.Join(work, "emptytop"), 0o700)
+			os.MkdirAll(filepath.Join(work, "src/empty/deeper"), 0o750)
+			nested := filepath.Join(work, "vendor/lib")
+			write(t, nested, "lib.go", "package lib\n", 0o644)
+			git(t, nested, "init", "-q")
+			git(t, nested, "add", "-A")
+			git(t, nested, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "lib")
+			os.Remove(filepath.Join(work, "bin/run.sh")) // leaves bin/ empty
+		},
+	}
+	for name, mess := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t)
+			work, _ := w.sandbox()
+			mess(t, work)
+			cp := w.capture("s1", work).Checkpoint
+			work2, _ := w.sandbox()
+			tree, err := w.restore(cp.GetId(), work2, "")
+			if err != nil {
+				t.Fatalf("restore: %v", err)
+			}
+			if tree != cp.GetTreeHash() {
+				t.Fatalf("tree %s, want %s", tree, cp.GetTreeHash())
+			}
+			diffSnap(t, snapshot(t, work, ignored), snapshot(t, work2, nil))
+		})
 	}
 }

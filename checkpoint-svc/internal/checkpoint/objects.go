@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"sync"
 
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/vault"
 	"github.com/hangar-dev/hangar/platform/blob"
 )
@@ -21,11 +23,30 @@ import (
 // tarball with one new file, re-stores only the chunks around the change.
 // Each chunk is one object named by an HMAC of its plaintext under a key
 // derived from the vault key, so the store learns nothing from the names.
-const (
-	chunkMin  = 64 << 10
-	chunkMask = (1 << 18) - 1 // average ~256 KiB past the minimum
-	chunkMax  = 1 << 20
+//
+// Chunk sizes are per part kind. Diffs and patches are text that changes
+// a little between checkpoints: small chunks (~6 KiB) keep what a small
+// edit re-stores small. Tarballs of untracked and conversation files grow
+// by appends: medium chunks (~40 KiB) keep the manifest's object list
+// short for tens of MB. Bundles are new content every time: large chunks
+// (~320 KiB) mean few objects.
+type chunking struct{ min, mask, max int }
+
+var (
+	smallChunks  = chunking{min: 2 << 10, mask: 1<<12 - 1, max: 64 << 10}
+	mediumChunks = chunking{min: 8 << 10, mask: 1<<15 - 1, max: 256 << 10}
+	largeChunks  = chunking{min: 64 << 10, mask: 1<<18 - 1, max: 1 << 20}
 )
+
+func chunkingFor(kind checkpointv1.PartKind) chunking {
+	switch kind {
+	case checkpointv1.PartKind_PART_KIND_BUNDLE:
+		return largeChunks
+	case checkpointv1.PartKind_PART_KIND_UNTRACKED, checkpointv1.PartKind_PART_KIND_CONVERSATION:
+		return mediumChunks
+	}
+	return smallChunks
+}
 
 var gear = func() (g [256]uint64) {
 	x := uint64(0x9E3779B97F4A7C15)
@@ -54,6 +75,7 @@ type partWriter struct {
 	dk    *vault.DataKey
 	idKey []byte
 	limit int64
+	cut   chunking
 
 	size    int64
 	sum     hash.Hash
@@ -61,12 +83,45 @@ type partWriter struct {
 	h       uint64
 	objects []string
 	stored  int64 // sealed bytes newly written
-	seen    map[string]bool
+	known   *objectSet
 }
 
-func newPartWriter(ctx context.Context, store blob.Store, dk *vault.DataKey, idKey []byte, limit int64, seen map[string]bool) *partWriter {
-	return &partWriter{ctx: ctx, store: store, dk: dk, idKey: idKey, limit: limit, sum: sha256.New(),
-		buf: make([]byte, 0, chunkMax), seen: seen}
+func newPartWriter(ctx context.Context, store blob.Store, dk *vault.DataKey, idKey []byte, kind checkpointv1.PartKind, limit int64, known *objectSet) *partWriter {
+	cut := chunkingFor(kind)
+	return &partWriter{ctx: ctx, store: store, dk: dk, idKey: idKey, limit: limit, cut: cut, sum: sha256.New(),
+		buf: make([]byte, 0, cut.max), known: known}
+}
+
+// objectSet remembers objects known to be in the store, so a chunk seen
+// before costs no Stat (a round trip on GCS). Safe for concurrent use.
+// The engine forgets what its collector deletes.
+type objectSet struct {
+	mu  sync.Mutex
+	ids map[string]bool
+	max int
+}
+
+func newObjectSet(max int) *objectSet { return &objectSet{ids: map[string]bool{}, max: max} }
+
+func (s *objectSet) has(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ids[id]
+}
+
+func (s *objectSet) add(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.max > 0 && len(s.ids) >= s.max {
+		clear(s.ids) // a cache: forgetting costs a Stat later
+	}
+	s.ids[id] = true
+}
+
+func (s *objectSet) forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ids, id)
 }
 
 func (w *partWriter) Write(p []byte) (int, error) {
@@ -78,17 +133,17 @@ func (w *partWriter) Write(p []byte) (int, error) {
 	w.sum.Write(p)
 	n := len(p)
 	for len(p) > 0 {
-		if need := chunkMin - len(w.buf); need > 0 {
+		if need := w.cut.min - len(w.buf); need > 0 {
 			k := min(need, len(p))
 			w.buf = append(w.buf, p[:k]...)
 			p = p[k:]
 			continue
 		}
-		limit := min(len(p), chunkMax-len(w.buf))
+		limit := min(len(p), w.cut.max-len(w.buf))
 		cut, h := -1, w.h
 		for i := 0; i < limit; i++ {
 			h = h<<1 + gear[p[i]]
-			if h&chunkMask == 0 {
+			if h&uint64(w.cut.mask) == 0 {
 				cut = i + 1
 				break
 			}
@@ -97,7 +152,7 @@ func (w *partWriter) Write(p []byte) (int, error) {
 			w.buf = append(w.buf, p[:limit]...)
 			p = p[limit:]
 			w.h = h
-			if len(w.buf) >= chunkMax {
+			if len(w.buf) >= w.cut.max {
 				if err := w.emit(); err != nil {
 					return 0, err
 				}
@@ -130,12 +185,12 @@ func (w *partWriter) emit() error {
 	w.objects = append(w.objects, id)
 	chunk := w.buf
 	w.buf, w.h = w.buf[:0], 0
-	if w.seen[id] {
+	if w.known.has(id) {
 		return nil
 	}
 	key := objectKey(id)
 	if _, err := w.store.Stat(w.ctx, key); err == nil {
-		w.seen[id] = true
+		w.known.add(id)
 		return nil
 	} else if !errors.Is(err, blob.ErrNotFound) {
 		return fmt.Errorf("stat object: %w", err)
@@ -144,7 +199,7 @@ func (w *partWriter) emit() error {
 	if err != nil {
 		return err
 	}
-	w.seen[id] = true
+	w.known.add(id)
 	w.stored += n
 	return nil
 }

@@ -140,7 +140,7 @@ func (g *gen) build() {
 		if _, err := os.Lstat(p); err != nil {
 			continue
 		}
-		switch r.IntN(6) {
+		switch r.IntN(7) {
 		case 0, 1:
 			write(t, g.work, f, g.content(), 0o644)
 			if r.IntN(2) == 0 {
@@ -157,17 +157,23 @@ func (g *gen) build() {
 			}
 		case 3:
 			if r.IntN(2) == 0 {
-				git(t, g.work, "rm", "-q", "-f", "--", f)
+				git(t, g.work, "rm", "-q", "-f", "--ignore-unmatch", "--", f)
 			} else {
 				os.Remove(p)
 			}
 		case 4:
 			to := g.name()
 			os.MkdirAll(filepath.Dir(filepath.Join(g.work, to)), 0o755)
-			git(t, g.work, "mv", "--", f, to)
+			git(t, g.work, "mv", "-k", "--", f, to)
 		case 5:
 			write(t, g.work, g.name(), g.content(), g.mode())
 			git(t, g.work, "add", "-A")
+		case 6:
+			// Staged deletion of a file that stays: untracked now.
+			git(t, g.work, "rm", "-q", "-f", "--cached", "--ignore-unmatch", "--", f)
+			if r.IntN(2) == 0 {
+				write(t, g.work, f, g.content(), 0o644)
+			}
 		}
 	}
 	// Untracked: files, trees, empty directories, symlinks.

@@ -190,9 +190,9 @@ func TestPathEscapesRefused(t *testing.T) {
 		{"hard link out", "ls-files", tarOf(t, &tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"}), false},
 		{"device", "ls-files", tarOf(t, &tar.Header{Name: "dev", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}), false},
 		{"through a tracked symlink", "ls-files", tarOf(t, reg("link-a/escape.txt")), true},
-		{"diff dotdot", "--dst-prefix=b/ HEAD", []byte("diff --git a/../escape.txt b/../escape.txt\nnew file mode 100644\n"), false},
-		{"diff absolute quoted", "--dst-prefix=b/ HEAD", []byte("diff --git \"a//etc/x\" \"b//etc/x\"\n"), false},
-		{"diff rename", "--dst-prefix=b/ HEAD", []byte("diff --git a/x b/y\nrename from x\nrename to ../y\n"), false},
+		{"diff dotdot", " -- README.md", []byte("diff --git a/../escape.txt b/../escape.txt\nnew file mode 100644\n"), false},
+		{"diff absolute quoted", " -- README.md", []byte("diff --git \"a//etc/x\" \"b//etc/x\"\n"), false},
+		{"diff rename", " -- README.md", []byte("diff --git a/x b/y\nrename from x\nrename to ../y\n"), false},
 		{"conversation outside its roots", "--ignore-failed-read", tarOf(t, reg(filepath.Join(outside, "escape.txt"))), false},
 	}
 	for _, c := range cases {
@@ -201,6 +201,7 @@ func TestPathEscapesRefused(t *testing.T) {
 			w := newWorld(t)
 			work, home := w.sandbox()
 			write(t, work, "ok.txt", "ok\n", 0o644)
+			write(t, work, "README.md", "changed\n", 0o644) // a tracked change: the work tree diff runs
 			conv := filepath.Join(home, "conv")
 			write(t, conv, "c.jsonl", "{}\n", 0o644)
 			real := w.exec

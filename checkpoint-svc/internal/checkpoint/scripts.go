@@ -4,14 +4,25 @@ package checkpoint
 // work tree is $1. They use only git, tar, find, grep, xargs and sh.
 
 // probeScript prints the repository state, one "key value" line each, and
-// the hash of the full work tree: a copy of the index ($gitdir/
-// hangar-tree-index.$3) gets `add -A` (tracked plus untracked files
-// .gitignore does not ignore, with modes and symlinks) and `write-tree`.
-// The copy keeps the index's stat cache, so only changed files are read.
-// It is left in place for the patch part (patchScript removes it) and
-// removed if the probe fails. With $4 (the previous checkpoint's HEAD) it
-// says whether that commit is an ancestor of HEAD. The real index's content
-// is not changed (its stat cache is refreshed).
+// two trees written from copies of the index ($gitdir/hangar-tree-index.$3,
+// removed before it exits): "itree", the index's own content ("-" when it
+// has no tree, e.g. unmerged entries), and "tree", the full work tree
+// (tracked plus untracked files .gitignore does not ignore, with modes and
+// symlinks) after `add -A`. Every part of the capture is then a diff
+// between trees, which costs what changed, not what the tree holds. The
+// copy keeps the index's stat cache (and, by `cp -p`, its mtime: git trusts
+// its stat cache only for entries older than the index file, so a fresh
+// mtime would hide edits made within the same second as the last index
+// write), so only changed files are read. With $4 (the previous
+// checkpoint's HEAD) it says whether that commit is an ancestor of HEAD.
+//
+// Entries the index recorded in the same second it was written ("racily
+// clean", e.g. everything a checkout or a restore wrote) are read again by
+// every capture until the index is written in a later second, so the
+// probe refreshes the real index's stat cache (what git status does;
+// content is not changed) unless $gitdir/hangar-index-stamp says the index
+// is still the one an earlier refresh left with no such entries. The
+// refresh is best effort and never changes what is captured.
 const probeScript = `set -e
 cd "$1"
 [ "$(git rev-parse --is-inside-work-tree 2>/dev/null)" = true ] || { echo "not a git work tree" >&2; exit 10; }
@@ -23,46 +34,41 @@ gitdir="$(git rev-parse --absolute-git-dir)"
 echo "gitdir $gitdir"
 git for-each-ref --format='ref %(objectname) %(refname)' refs/heads/
 tmp="$gitdir/hangar-tree-index.$3"
-ok=0
-trap '[ "$ok" = 1 ] || rm -f "$tmp"' EXIT
+trap 'rm -f "$tmp"' EXIT
 idx="$(git rev-parse --git-path index)"
-# Refresh the real index's stat cache first (what git status does; content
-# is not changed): its entries then read as clean without rehashing, so a
-# capture reads only what changed. Best effort: a held index lock is fine.
-git update-index -q --refresh >/dev/null 2>&1 || true
-# -p keeps the index mtime: git trusts its stat cache only for entries
-# older than the index file (racy-git), so a fresh mtime would hide edits
-# made within the same second as the last index write.
-if [ -f "$idx" ]; then cp -p "$idx" "$tmp"; fi
+stamp="$gitdir/hangar-index-stamp"
+if [ -f "$idx" ]; then
+  before="$(stat -c '%i %s %Y %y' "$idx")"
+  if [ "$before" != "$(cat "$stamp" 2>/dev/null)" ]; then
+    rm -f "$stamp"
+    if git update-index -q --refresh >/dev/null 2>&1 || [ $? = 1 ]; then
+      after="$(stat -c '%i %s %Y %y' "$idx")"
+      # Written in a later second than before (or not at all): no entry
+      # is racily clean.
+      if [ "$after" = "$before" ] || [ "$(stat -c %Y "$idx")" -gt "$(echo "$before" | cut -d' ' -f3)" ]; then
+        printf '%s\n' "$after" > "$stamp" || true
+      fi
+    fi
+  fi
+  cp -p "$idx" "$tmp"
+fi
+echo "itree $(GIT_INDEX_FILE="$tmp" git write-tree 2>/dev/null || echo -)"
 GIT_INDEX_FILE="$tmp" git add -A
 echo "tree $(GIT_INDEX_FILE="$tmp" git write-tree)"
 if [ -n "$4" ]; then
   if git merge-base --is-ancestor "$4" HEAD 2>/dev/null; then echo "ancestor yes"; else echo "ancestor no"; fi
 fi
-echo "treeindex $tmp"
-ok=1
 `
 
-// patchScript runs a git command ($2...) over the index copy $1 that
-// probeScript left, then removes it.
-const patchScript = `tmp="$1"; shift
-trap 'rm -f "$tmp"' EXIT
-GIT_INDEX_FILE="$tmp" "$@"
-`
-
-// treeScript prints the full work tree's hash, as probeScript does.
+// treeScript prints the hash of the work tree as `git add $2` into a copy
+// of the index sees it (-A: the full work tree, as probeScript; -u: the
+// tracked files only).
 const treeScript = `set -e
 cd "$1"
 tmp="$(git rev-parse --absolute-git-dir)/hangar-tree-index.$$"
 trap 'rm -f "$tmp"' EXIT
 idx="$(git rev-parse --git-path index)"
-# Refresh the real index's stat cache first (what git status does; content
-# is not changed): its entries then read as clean without rehashing, so a
-# capture reads only what changed. Best effort: a held index lock is fine.
-git update-index -q --refresh >/dev/null 2>&1 || true
-# -p keeps the index mtime: git trusts its stat cache only for entries
-# older than the index file (racy-git), so a fresh mtime would hide edits
-# made within the same second as the last index write.
+# -p keeps the index mtime (see probeScript).
 if [ -f "$idx" ]; then cp -p "$idx" "$tmp"; fi
 GIT_INDEX_FILE="$tmp" git add $2
 GIT_INDEX_FILE="$tmp" git write-tree
@@ -90,9 +96,10 @@ const untrackedScript = `set -e
 cd "$1"
 {
   git ls-files -z --others --exclude-standard
+  git ls-files -z --others --exclude-standard | grep -z '/$' | xargs -0 -r sh -c 'for d; do find "./$d" -mindepth 1 -print0; done' sh
   git ls-files -z --others --exclude-standard --directory | grep -z '/$' | xargs -0 -r sh -c '
     for d; do
-      if [ -e "$d.git" ]; then find "./$d" -print0; else
+      if [ ! -e "$d.git" ]; then
         find "./$d" -maxdepth 0 -print0; find "./$d" -mindepth 1 -type d -empty -print0
       fi
     done' sh
@@ -104,6 +111,46 @@ cd "$1"
       done
     done' sh
 } | tar -c -f - --format=gnu --null --verbatim-files-from --no-recursion -T -
+`
+
+// untrackedTreeScript writes the same tarball as untrackedScript, taking
+// the untracked files and the deleted tracked ones from the diff of the
+// index's tree ($2) and the work tree's ($3) instead of scans: only the
+// scan for untracked directories (their modes and empty ones) still lists
+// the work tree's directories. $4... are the untracked repositories inside
+// the work tree, which go whole.
+const untrackedTreeScript = `set -e
+cd "$1"; i="$2"; w="$3"; shift 3
+{
+  git diff-tree -r -z --no-renames --name-only --diff-filter=A "$i" "$w"
+  for d; do find "./$d" -mindepth 1 -print0; done
+  git ls-files -z --others --exclude-standard --directory | grep -z '/$' | xargs -0 -r sh -c '
+    for d; do
+      if [ ! -e "$d.git" ]; then
+        find "./$d" -maxdepth 0 -print0; find "./$d" -mindepth 1 -type d -empty -print0
+      fi
+    done' sh
+  git diff-tree -r -z --no-renames --name-only --diff-filter=D "$i" "$w" | xargs -0 -r sh -c '
+    for f; do d="$(dirname -- "$f")"
+      while [ "$d" != . ]; do
+        if [ -d "$d" ] && [ ! -L "$d" ] && [ -z "$(ls -A -- "$d")" ]; then printf "%s\0" "$d"; fi
+        d="$(dirname -- "$d")"
+      done
+    done' sh
+} | tar -c -f - --format=gnu --null --verbatim-files-from --no-recursion -T -
+`
+
+// changesScript lists, NUL-separated, what changed between HEAD ($2), the
+// index's tree ($3) and the work tree's ($4): a section name ("HI", "HW",
+// "IW"), then that pair's `git diff-tree --raw` entries (":modes hashes
+// status", path). Tree diffs read only the trees along changed paths.
+const changesScript = `set -e
+cd "$1"
+for pair in "HI $2 $3" "HW $2 $4" "IW $3 $4"; do
+  set -- $pair
+  printf '%s\0' "$1"
+  git diff-tree -r -z --no-renames --raw "$2" "$3"
+done
 `
 
 // stageScript writes stdin to the file $1.
@@ -123,8 +170,9 @@ done
 while read -r sha ref; do git update-ref "$ref" "$sha"; done < "$st/refs"
 if [ "$3" = "-" ]; then git checkout -q -f --detach "$4"; else git checkout -q -f -B "$3" "$4"; fi
 git clean -q -f -d
-if [ -s "$st/index.diff" ]; then git apply --cached --binary "$st/index.diff"; fi
-if [ -s "$st/worktree.diff" ]; then git apply --binary "$st/worktree.diff"; fi
+# A diff may hold no patch, only lines like "* Unmerged path x".
+if grep -q '^diff --git ' "$st/index.diff" 2>/dev/null; then git apply --cached --binary "$st/index.diff"; fi
+if grep -q '^diff --git ' "$st/worktree.diff" 2>/dev/null; then git apply --binary "$st/worktree.diff"; fi
 `
 
 // symlinkScript lists the symbolic links in the work tree (outside .git).
