@@ -220,13 +220,13 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
-		mu       sync.Mutex // guards warnings and stored
+		mu       sync.Mutex // guards stored
 		warnings []*checkpointv1.Warning
 		stored   int64
 	)
 	// capturePart runs argvs one after the other into one part (none: the
 	// part is empty); a command exiting with one of allowed yields no part.
-	capturePart := func(kind checkpointv1.PartKind, limit int64, env map[string]string, argvs [][]string, allowed ...int) (*checkpointv1.Part, error) {
+	capturePart := func(kind checkpointv1.PartKind, limit int64, env map[string]string, argvs [][]string, allowed ...int) (*checkpointv1.Part, *checkpointv1.Warning, error) {
 		pw := newPartWriter(ctx, e.opt.Store, dk, e.idKey, kind, limit, e.known)
 		defer func() {
 			mu.Lock()
@@ -252,21 +252,18 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 			case checkpointv1.PartKind_PART_KIND_BUNDLE:
 				w.Message = fmt.Sprintf("the commits' bundle is over the %d MB limit and was not kept; this checkpoint cannot be restored", limit>>20)
 			}
-			mu.Lock()
-			warnings = append(warnings, w)
-			mu.Unlock()
-			return &checkpointv1.Part{Kind: kind, Skipped: true, SizeBytes: pw.size}, nil
+			return &checkpointv1.Part{Kind: kind, Skipped: true, SizeBytes: pw.size}, w, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("capture %s: %w", partName(kind), err)
+			return nil, nil, fmt.Errorf("capture %s: %w", partName(kind), err)
 		}
 		if code != 0 {
-			return nil, nil
+			return nil, nil, nil
 		}
 		if err := pw.Close(); err != nil {
-			return nil, fmt.Errorf("capture %s: %w", partName(kind), err)
+			return nil, nil, fmt.Errorf("capture %s: %w", partName(kind), err)
 		}
-		return &checkpointv1.Part{Kind: kind, SizeBytes: pw.size, Sha256: pw.sha(), Objects: pw.objects}, nil
+		return &checkpointv1.Part{Kind: kind, SizeBytes: pw.size, Sha256: pw.sha(), Objects: pw.objects}, nil, nil
 	}
 
 	// Bundle: incremental on the previous checkpoint while its chain holds.
@@ -337,13 +334,14 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 		steps = append(steps, step{kind: checkpointv1.PartKind_PART_KIND_CONVERSATION, limit: e.opt.MaxPartBytes, argvs: [][]string{argv}, env: gitEnv})
 	}
 	got := make([]*checkpointv1.Part, len(steps))
+	warned := make([]*checkpointv1.Warning, len(steps))
 	errs := make([]error, len(steps))
 	var wg sync.WaitGroup
 	for i, st := range steps {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[i], errs[i] = capturePart(st.kind, st.limit, st.env, st.argvs, st.allowed...)
+			got[i], warned[i], errs[i] = capturePart(st.kind, st.limit, st.env, st.argvs, st.allowed...)
 			if errs[i] != nil {
 				cancel()
 			}
@@ -356,7 +354,10 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	// The chain first, oldest bundle first, then this capture's own.
 	parts := append([]*checkpointv1.Part(nil), chain...)
 	untrackedSkipped := false
-	for _, p := range got {
+	for i, p := range got {
+		if warned[i] != nil {
+			warnings = append(warnings, warned[i])
+		}
 		if p == nil {
 			continue // no new commits: no bundle of its own
 		}

@@ -24,28 +24,41 @@ package checkpoint
 // is still the one an earlier refresh left with no such entries. The
 // refresh is best effort and never changes what is captured.
 const probeScript = `set -e
-cd "$1"
-[ "$(git rev-parse --is-inside-work-tree 2>/dev/null)" = true ] || { echo "not a git work tree" >&2; exit 10; }
-[ "$(git rev-parse --show-prefix)" = "" ] || { echo "not the top of the work tree" >&2; exit 10; }
-echo "head $(git rev-parse --verify -q HEAD || echo none)"
+cd "$1"; nonce="$3"; prev="$4"
+# Few processes: on a busy machine each costs more than git's work here.
+loc="$(git rev-parse --is-inside-work-tree --show-prefix --absolute-git-dir --git-path index 2>/dev/null)" || { echo "not a git work tree" >&2; exit 10; }
+{ read -r inside; read -r prefix; read -r gitdir; read -r idx; } <<EOF
+$loc
+EOF
+[ "$inside" = true ] || { echo "not a git work tree" >&2; exit 10; }
+[ -z "$prefix" ] || { echo "not the top of the work tree" >&2; exit 10; }
+case "$idx" in /*) ;; *) idx="$PWD/$idx" ;; esac
+{ read -r head htype; read -r base btype; } <<EOF
+$(printf '%s\n' HEAD "$2^{commit}" | git cat-file --batch-check='%(objectname) %(objecttype)')
+EOF
+[ "$htype" = commit ] || head=none
+[ "$btype" = commit ] || base=missing
+echo "head $head"
 echo "branch $(git symbolic-ref -q HEAD || echo -)"
-echo "base $(git rev-parse --verify -q "$2^{commit}" || echo missing)"
-gitdir="$(git rev-parse --absolute-git-dir)"
+echo "base $base"
 echo "gitdir $gitdir"
 git for-each-ref --format='ref %(objectname) %(refname)' refs/heads/
-tmp="$gitdir/hangar-tree-index.$3"
+tmp="$gitdir/hangar-tree-index.$nonce"
 trap 'rm -f "$tmp"' EXIT
-idx="$(git rev-parse --git-path index)"
 stamp="$gitdir/hangar-index-stamp"
 if [ -f "$idx" ]; then
   before="$(stat -c '%i %s %Y %y' "$idx")"
-  if [ "$before" != "$(cat "$stamp" 2>/dev/null)" ]; then
+  saved=""
+  if [ -f "$stamp" ]; then read -r saved < "$stamp" || true; fi
+  if [ "$before" != "$saved" ]; then
     rm -f "$stamp"
     if git update-index -q --refresh >/dev/null 2>&1 || [ $? = 1 ]; then
       after="$(stat -c '%i %s %Y %y' "$idx")"
+      set -- $before; bsec="$3"
+      set -- $after; asec="$3"
       # Written in a later second than before (or not at all): no entry
       # is racily clean.
-      if [ "$after" = "$before" ] || [ "$(stat -c %Y "$idx")" -gt "$(echo "$before" | cut -d' ' -f3)" ]; then
+      if [ "$after" = "$before" ] || [ "$asec" -gt "$bsec" ]; then
         printf '%s\n' "$after" > "$stamp" || true
       fi
     fi
@@ -55,8 +68,8 @@ fi
 echo "itree $(GIT_INDEX_FILE="$tmp" git write-tree 2>/dev/null || echo -)"
 GIT_INDEX_FILE="$tmp" git add -A
 echo "tree $(GIT_INDEX_FILE="$tmp" git write-tree)"
-if [ -n "$4" ]; then
-  if git merge-base --is-ancestor "$4" HEAD 2>/dev/null; then echo "ancestor yes"; else echo "ancestor no"; fi
+if [ -n "$prev" ]; then
+  if git merge-base --is-ancestor "$prev" HEAD 2>/dev/null; then echo "ancestor yes"; else echo "ancestor no"; fi
 fi
 `
 
