@@ -30,3 +30,8 @@ func (p *sessionTurnProgress) Stop()               { p.stop() }
 func SessionPullFromPatch(ctx context.Context, c sessionv1.SessionServiceClient, dir string, out io.Writer, name string, checkout bool) error {
 	return sessionPullFromPatch(ctx, c, sessionGit{dir: dir}, out, name, "hangar/"+name, checkout)
 }
+
+// SessionPullFromWork is pull from GetSessionWork's answer, run in dir.
+func SessionPullFromWork(ctx context.Context, dir string, out io.Writer, work *sessionv1.GetSessionWorkResponse, name string, checkout bool) error {
+	return sessionPullFromWork(ctx, sessionGit{dir: dir}, out, work, "hangar/"+name, checkout)
+}

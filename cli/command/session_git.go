@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -104,7 +106,7 @@ func sessionPullCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 				return fmt.Errorf("hangar/%s is not a valid branch name", name)
 			}
 			return sessionRunE(lookupEnv, func(ctx context.Context, c sessionv1.SessionServiceClient, _ []string) error {
-				work, err := c.GetSessionWork(ctx, &sessionv1.GetSessionWorkRequest{Name: name})
+				work, err := c.GetSessionWork(ctx, &sessionv1.GetSessionWorkRequest{Name: name, AcceptBundleChain: true})
 				if status.Code(err) == codes.Unimplemented {
 					return sessionPullFromPatch(ctx, c, g, streams.Out, name, branch, checkout)
 				}
@@ -130,8 +132,9 @@ func sessionDirLabel(dir string) string {
 	return dir
 }
 
-// sessionPullFromWork fetches the session's commits from its git bundle into branch;
-// with checkout it switches there and applies the uncommitted changes.
+// sessionPullFromWork fetches the session's commits from its git bundles
+// into branch; with checkout it switches there and applies the uncommitted
+// changes.
 func sessionPullFromWork(ctx context.Context, g sessionGit, out io.Writer, work *sessionv1.GetSessionWorkResponse, branch string, checkout bool) error {
 	if checkout {
 		if err := g.clean(ctx); err != nil {
@@ -139,38 +142,22 @@ func sessionPullFromWork(ctx context.Context, g sessionGit, out io.Writer, work 
 		}
 	}
 	tip := work.GetHeadCommit()
-	if len(work.GetGitBundle()) > 0 {
-		tmp, err := os.MkdirTemp("", "hangar-pull-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(tmp)
-		bundle := filepath.Join(tmp, "session.bundle")
-		if err := os.WriteFile(bundle, work.GetGitBundle(), 0o600); err != nil {
-			return err
-		}
-		heads, err := g.run(ctx, nil, "bundle", "list-heads", bundle)
-		if err != nil {
-			return err
-		}
-		ref := ""
-		for _, line := range strings.Split(heads, "\n") {
-			_, r, ok := strings.Cut(strings.TrimSpace(line), " ")
-			if !ok {
-				continue
-			}
-			if ref == "" || r == "refs/heads/"+work.GetBranch() {
-				ref = r
-			}
-		}
-		if ref == "" {
-			return errors.New("the session's git bundle has no branch in it")
-		}
-		if _, err := g.run(ctx, nil, "fetch", "--no-tags", bundle, ref+":refs/heads/"+branch); err != nil {
+	bundles := work.GetGitBundles()
+	if len(bundles) == 0 && len(work.GetGitBundle()) > 0 {
+		bundles = [][]byte{work.GetGitBundle()}
+	}
+	switch {
+	case len(bundles) == 1:
+		if err := sessionFetchBundle(ctx, g, bundles[0], work.GetBranch(), branch); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "fetched the session's commits (%s) into branch %s\n", work.GetBranch(), branch)
-	} else {
+	case len(bundles) > 1:
+		if err := sessionFetchChain(ctx, g, bundles, work, branch); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "fetched the session's commits (%s, a chain of %d bundles) into branch %s\n", work.GetBranch(), len(bundles), branch)
+	default:
 		if tip == "" {
 			tip = work.GetBaseCommit()
 		}
@@ -196,6 +183,129 @@ func sessionPullFromWork(ctx context.Context, g sessionGit, out io.Writer, work 
 		fmt.Fprintln(out, "applied its uncommitted changes to the work tree (not committed)")
 	}
 	return nil
+}
+
+// sessionFetchBundle fetches one bundle's session branch (sessionBranch, or
+// else its first head) into branch.
+func sessionFetchBundle(ctx context.Context, g sessionGit, data []byte, sessionBranch, branch string) error {
+	tmp, err := os.MkdirTemp("", "hangar-pull-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	bundle := filepath.Join(tmp, "session.bundle")
+	if err := os.WriteFile(bundle, data, 0o600); err != nil {
+		return err
+	}
+	heads, err := sessionBundleHeads(ctx, g, bundle)
+	if err != nil {
+		return err
+	}
+	ref := ""
+	for _, h := range heads {
+		if ref == "" || h.ref == "refs/heads/"+sessionBranch {
+			ref = h.ref
+		}
+	}
+	if ref == "" {
+		return errors.New("the session's git bundle has no branch in it")
+	}
+	_, err = g.run(ctx, nil, "fetch", "--no-tags", bundle, ref+":refs/heads/"+branch)
+	return err
+}
+
+type sessionBundleHead struct{ commit, ref string }
+
+// sessionBundleHeads lists a bundle file's refs.
+func sessionBundleHeads(ctx context.Context, g sessionGit, bundle string) ([]sessionBundleHead, error) {
+	out, err := g.run(ctx, nil, "bundle", "list-heads", bundle)
+	if err != nil {
+		return nil, err
+	}
+	var heads []sessionBundleHead
+	for _, line := range strings.Split(out, "\n") {
+		if c, r, ok := strings.Cut(strings.TrimSpace(line), " "); ok {
+			heads = append(heads, sessionBundleHead{c, r})
+		}
+	}
+	return heads, nil
+}
+
+// sessionFetchChain fetches a chain of bundles (a suspended session's
+// checkpoints: the first needs the base commit, each later one the bundles
+// before it) in order, every head into a temporary ref so the next
+// bundle's prerequisites are there, then the session's branch into branch.
+// The branch's tip is the newest head of the session's branch, else the
+// head at head_commit, else the newest bundle's first head. The temporary
+// refs are removed.
+func sessionFetchChain(ctx context.Context, g sessionGit, bundles [][]byte, work *sessionv1.GetSessionWorkResponse, branch string) error {
+	if base := work.GetBaseCommit(); base != "" && !g.ok(ctx, "cat-file", "-e", base+"^{commit}") {
+		return fmt.Errorf("the session's base commit %s is not in this repository: fetch it (git fetch), then pull again", sessionShortCommit(base))
+	}
+	tmp, err := os.MkdirTemp("", "hangar-pull-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	var nonce [6]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return err
+	}
+	ns := "refs/hangar-pull/" + hex.EncodeToString(nonce[:])
+	defer func() {
+		refs, err := g.run(context.WithoutCancel(ctx), nil, "for-each-ref", "--format=delete %(refname)", ns+"/")
+		if err == nil && refs != "" {
+			_, _ = g.run(context.WithoutCancel(ctx), []byte(refs+"\n"), "update-ref", "--stdin")
+		}
+	}()
+	type fetched struct{ commit, ref, local string }
+	var all [][]fetched
+	for i, data := range bundles {
+		bundle := filepath.Join(tmp, fmt.Sprintf("session-%d.bundle", i))
+		if err := os.WriteFile(bundle, data, 0o600); err != nil {
+			return err
+		}
+		heads, err := sessionBundleHeads(ctx, g, bundle)
+		if err != nil {
+			return fmt.Errorf("bundle %d of %d: %w", i+1, len(bundles), err)
+		}
+		args := []string{"fetch", "--no-tags", "--quiet", bundle}
+		var got []fetched
+		for j, h := range heads {
+			f := fetched{h.commit, h.ref, fmt.Sprintf("%s/%d/%d", ns, i, j)}
+			args = append(args, "+"+f.ref+":"+f.local)
+			got = append(got, f)
+		}
+		if len(got) == 0 {
+			return fmt.Errorf("bundle %d of %d of the session's commits has no head", i+1, len(bundles))
+		}
+		if _, err := g.run(ctx, nil, args...); err != nil {
+			return fmt.Errorf("bundle %d of %d: %w", i+1, len(bundles), err)
+		}
+		all = append(all, got)
+	}
+	pick := func(match func(fetched) bool) string {
+		for i := len(all) - 1; i >= 0; i-- {
+			for _, f := range all[i] {
+				if match(f) {
+					return f.local
+				}
+			}
+		}
+		return ""
+	}
+	local := ""
+	if b := work.GetBranch(); b != "" {
+		local = pick(func(f fetched) bool { return f.ref == "refs/heads/"+b })
+	}
+	if h := work.GetHeadCommit(); local == "" && h != "" {
+		local = pick(func(f fetched) bool { return f.commit == h })
+	}
+	if local == "" {
+		local = all[len(all)-1][0].local
+	}
+	_, err = g.run(ctx, nil, "fetch", "--no-tags", ".", local+":refs/heads/"+branch)
+	return err
 }
 
 // sessionPullFromPatch is pull for a server without GetSessionWork: the session's

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
@@ -181,27 +182,61 @@ func TestSessionFeatPullAndUsage(t *testing.T) {
 	t.Run("pull from the checkpoint", func(t *testing.T) { s.pullChecks(t, name, false) })
 
 	// A second turn's commit makes the newest checkpoint's bundle
-	// incremental on the first's: pull then gets the whole work against the
-	// base as uncommitted changes (no commits), untracked files included.
+	// incremental on the first's: pull fetches the chain in order and gets
+	// the sandbox's real commits, same hashes, plus the tracked changes.
 	if _, err := s.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: name, Message: "Please do the second commit task."}); err != nil {
 		t.Fatalf("send: %v", err)
 	}
 	if second := s.waitTurn(t, name, 2); second.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 		t.Fatalf("turn 2: %v (%s)", second.GetOutcome(), second.GetOutcomeReason())
 	}
+	sandboxLog := strings.TrimSpace(s.mustExec(t, s.get(t, name).GetSandboxId(), "git log --format='%H %s' HEAD"))
+	if !strings.Contains(sandboxLog, "second commit") || !strings.Contains(sandboxLog, "session commit") {
+		t.Fatalf("the sandbox's log: %q", sandboxLog)
+	}
 	if _, err := s.sessions.SuspendSession(ctx, &sessionv1.SuspendSessionRequest{Name: name}); err != nil {
 		t.Fatalf("suspend: %v", err)
 	}
+	cps, err := s.checkpoints.ListCheckpoints(ctx, &checkpointv1.ListCheckpointsRequest{Session: name})
+	if err != nil || len(cps.GetCheckpoints()) == 0 {
+		t.Fatalf("checkpoints: %v", err)
+	}
+	bundles := 0
+	for _, p := range cps.GetCheckpoints()[0].GetParts() {
+		if p.GetKind() == checkpointv1.PartKind_PART_KIND_BUNDLE && !p.GetSkipped() {
+			bundles++
+		}
+	}
+	if bundles < 2 {
+		t.Fatalf("the newest checkpoint has %d bundles, want a chain", bundles)
+	}
 	t.Run("pull from a chained checkpoint", func(t *testing.T) {
+		plain := s.clone(t)
+		out := s.mustCLI(t, "session", "pull", name, "-C", plain)
+		if !strings.Contains(out, "a chain of") {
+			t.Errorf("pull said %q", out)
+		}
+		if log := strings.TrimSpace(sessionFeatGit(t, plain, "log", "--format=%H %s", "hangar/"+name)); log != sandboxLog {
+			t.Errorf("pull from a chain: hangar/%s is\n%s\nwant the sandbox's commits\n%s", name, log, sandboxLog)
+		}
+		if head := strings.TrimSpace(sessionFeatGit(t, plain, "rev-parse", "--abbrev-ref", "HEAD")); head != "main" {
+			t.Errorf("pull without --checkout switched to %s", head)
+		}
+
 		co := s.clone(t)
 		s.mustCLI(t, "session", "pull", name, "--checkout", "-C", co)
-		if log := sessionFeatGit(t, co, "log", "--format=%s"); strings.TrimSpace(log) != "base" {
-			t.Errorf("pull --checkout from a chain: log %q, want the base only", log)
+		if log := strings.TrimSpace(sessionFeatGit(t, co, "log", "--format=%H %s")); log != sandboxLog {
+			t.Errorf("pull --checkout from a chain: log\n%s\nwant the sandbox's commits\n%s", log, sandboxLog)
 		}
-		for file, want := range map[string]string{"tracked.txt": "one\nedit\n", "staged.txt": "staged\n", "untracked.txt": "new\n", "two.txt": "two\n"} {
+		// The checkpoint's diff covers tracked files (see "pull from the
+		// checkpoint").
+		for file, want := range map[string]string{"tracked.txt": "one\nedit\n", "staged.txt": "staged\n", "two.txt": "two\n"} {
 			if got := sessionFeatRead(t, filepath.Join(co, file)); got != want {
 				t.Errorf("%s after pull --checkout from a chain: %q", file, got)
 			}
+		}
+		if st := sessionFeatGit(t, co, "status", "--porcelain", "--", "two.txt"); st != "" {
+			t.Errorf("two.txt is not committed after pull --checkout: %q", st)
 		}
 	})
 }

@@ -528,8 +528,8 @@ func (e *Engine) Verify(ctx context.Context, id string) (*checkpointv1.Checkpoin
 	return m.cp, nil
 }
 
-// ReadPart streams a part's plaintext into w (for the bundle, the
-// checkpoint's own, newest, bundle).
+// ReadPart streams a part's plaintext into w (for the bundle, the newest
+// kept bundle of the checkpoint's chain; ReadBundle reads any of them).
 func (e *Engine) ReadPart(ctx context.Context, id string, kind checkpointv1.PartKind, w io.Writer) error {
 	m, err := e.readManifest(ctx, id)
 	if err != nil {
@@ -544,9 +544,38 @@ func (e *Engine) ReadPart(ctx context.Context, id string, kind checkpointv1.Part
 	if part == nil {
 		return fault.NotFound("PART_NOT_FOUND", "checkpoint %s has no %s part", id, kind)
 	}
+	return e.copyPart(ctx, id, part, w)
+}
+
+// ReadBundle streams bundle index of a checkpoint's chain into w: its
+// BUNDLE parts in manifest order, 0 the oldest. Each bundle's
+// prerequisites are in the ones before it (the first's in the base).
+func (e *Engine) ReadBundle(ctx context.Context, id string, index int, w io.Writer) error {
+	m, err := e.readManifest(ctx, id)
+	if err != nil {
+		return err
+	}
+	var chain []*checkpointv1.Part
+	for _, p := range m.cp.GetParts() {
+		if p.GetKind() == checkpointv1.PartKind_PART_KIND_BUNDLE {
+			chain = append(chain, p)
+		}
+	}
+	switch {
+	case len(chain) == 0:
+		return fault.InvalidArgument("bundle_index", "checkpoint %s has no bundle: bundle_index %d is out of range", id, index)
+	case index < 0 || index >= len(chain):
+		return fault.InvalidArgument("bundle_index", "checkpoint %s has %d bundles: bundle_index %d is out of range (0-%d)", id, len(chain), index, len(chain)-1)
+	case chain[index].GetSkipped():
+		return fault.FailedPrecondition("PART_NOT_KEPT", "bundle %d of checkpoint %s was over the size limit and not kept", index, id)
+	}
+	return e.copyPart(ctx, id, chain[index], w)
+}
+
+func (e *Engine) copyPart(ctx context.Context, id string, part *checkpointv1.Part, w io.Writer) error {
 	r := openPart(ctx, e.opt.Store, e.opt.Keys, part.GetObjects(), part.GetSizeBytes(), part.GetSha256())
 	defer r.Close()
-	_, err = io.Copy(w, r)
+	_, err := io.Copy(w, r)
 	return domainErr(id, err)
 }
 

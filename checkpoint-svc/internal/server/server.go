@@ -203,8 +203,16 @@ func (p *patchBuffer) Write(b []byte) (int, error) {
 }
 
 // ReadPart implements the RPC, streaming the plaintext in 64 KiB chunks.
+// With bundle_index it reads that bundle of the checkpoint's chain.
 func (s *Checkpoints) ReadPart(req *checkpointv1.ReadPartRequest, stream checkpointv1.CheckpointService_ReadPartServer) error {
-	return s.eng.ReadPart(stream.Context(), req.GetCheckpointId(), req.GetKind(), &chunkSender{stream: stream})
+	w := &chunkSender{stream: stream}
+	if req.BundleIndex == nil {
+		return s.eng.ReadPart(stream.Context(), req.GetCheckpointId(), req.GetKind(), w)
+	}
+	if req.GetKind() != checkpointv1.PartKind_PART_KIND_BUNDLE {
+		return fault.InvalidArgument("bundle_index", "bundle_index is only for kind PART_KIND_BUNDLE, not %s", req.GetKind())
+	}
+	return s.eng.ReadBundle(stream.Context(), req.GetCheckpointId(), int(req.GetBundleIndex()), w)
 }
 
 type chunkSender struct {

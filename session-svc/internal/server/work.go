@@ -8,16 +8,24 @@ import (
 )
 
 // GetSessionWork implements session pull: the session branch's commits as a
-// git bundle and its uncommitted changes as a binary diff.
+// git bundle (or, from a checkpoint, a chain of them, for a caller that
+// accepts one) and its uncommitted changes as a binary diff.
 func (s *Sessions) GetSessionWork(ctx context.Context, req *sessionv1.GetSessionWorkRequest) (*sessionv1.GetSessionWorkResponse, error) {
-	w, err := s.m.Work(ctx, req.GetName())
+	w, err := s.m.Work(ctx, req.GetName(), req.GetAcceptBundleChain())
 	if err != nil {
 		return nil, err
 	}
-	return &sessionv1.GetSessionWorkResponse{
-		Branch: w.Branch, BaseCommit: w.BaseCommit, HeadCommit: w.HeadCommit,
-		GitBundle: w.Bundle, Diff: w.Diff,
-	}, nil
+	resp := &sessionv1.GetSessionWorkResponse{
+		Branch: w.Branch, BaseCommit: w.BaseCommit, HeadCommit: w.HeadCommit, Diff: w.Diff,
+	}
+	switch len(w.Bundles) {
+	case 0:
+	case 1:
+		resp.GitBundle = w.Bundles[0]
+	default:
+		resp.GitBundles = w.Bundles
+	}
+	return resp, nil
 }
 
 // localWorkFrom is --from-local's payload, nil when absent.

@@ -3,6 +3,8 @@ package sessions
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -10,18 +12,23 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
-// Work is a session's work for `session pull`: its commits as a git bundle
-// (those not reachable from the base) and its uncommitted changes as a
+// Work is a session's work for `session pull`: its commits (those not
+// reachable from the base) as git bundles and its uncommitted changes as a
 // binary diff against HeadCommit.
 type Work struct {
 	Branch, BaseCommit, HeadCommit string
-	Bundle, Diff                   []byte
+	// Bundles hold the commits: none when there are none, one from a live
+	// sandbox, and from a checkpoint its chain, oldest first, each bundle
+	// incremental on the ones before it (fetch them in order).
+	Bundles [][]byte
+	Diff    []byte
 	// CheckpointID is the checkpoint the work was read from when the
 	// sandbox was down.
 	CheckpointID string
@@ -52,8 +59,10 @@ GIT_INDEX_FILE="$idx" git add -A
 GIT_INDEX_FILE="$idx" git diff --cached --binary HEAD`
 
 // Work returns the session's work: from its sandbox when it is up and not
-// running a turn, else from its newest checkpoint.
-func (m *Manager) Work(ctx context.Context, name string) (*Work, error) {
+// running a turn, else from its newest checkpoint. chain says whether the
+// caller can fetch a chain of more than one bundle; without it such a
+// checkpoint's work comes as its patch against the base.
+func (m *Manager) Work(ctx context.Context, name string, chain bool) (*Work, error) {
 	s, err := m.Get(ctx, name)
 	if err != nil {
 		return nil, err
@@ -65,7 +74,7 @@ func (m *Manager) Work(ctx context.Context, name string) (*Work, error) {
 		}
 		m.log.WarnContext(ctx, "session work not read from its sandbox; reading the newest checkpoint", "session", name, "error", err)
 	}
-	return m.workFromCheckpoint(ctx, s)
+	return m.workFromCheckpoint(ctx, s, chain)
 }
 
 // workFromSandbox makes the bundle and the diff in the sandbox, holding the
@@ -105,8 +114,12 @@ func (m *Manager) workFromSandbox(ctx context.Context, s *store.Session) (*Work,
 		w.Branch = strings.TrimSpace(lines[1])
 		rev = "refs/heads/" + w.Branch
 	}
-	if w.Bundle, err = exec(workBundleScript, s.BaseCommit, rev); err != nil {
+	bundle, err := exec(workBundleScript, s.BaseCommit, rev)
+	if err != nil {
 		return nil, fmt.Errorf("bundle of %s: %w", s.Name, err)
+	}
+	if len(bundle) > 0 {
+		w.Bundles = [][]byte{bundle}
 	}
 	if w.Diff, err = exec(workDiffScript); err != nil {
 		return nil, fmt.Errorf("diff of %s: %w", s.Name, err)
@@ -114,14 +127,15 @@ func (m *Manager) workFromSandbox(ctx context.Context, s *store.Session) (*Work,
 	return w, nil
 }
 
-// workFromCheckpoint reads the work from the newest checkpoint. A
-// checkpoint's own bundle is incremental on the previous checkpoint's, so it
-// is the whole branch only when the checkpoint holds one bundle; otherwise
-// (a chain) the work comes as the checkpoint's patch against the base: no
-// commits, and the whole work, commits included, as uncommitted changes on
-// the base. The checkpoint's diff has no untracked files (those are in a
-// separate tarball part).
-func (m *Manager) workFromCheckpoint(ctx context.Context, s *store.Session) (*Work, error) {
+// workFromCheckpoint reads the work from the newest checkpoint: its chain
+// of bundles (each incremental on the previous checkpoint's, so all of them
+// make the branch) and its diff against HEAD, which has no untracked files
+// (those are in a separate tarball part). When a bundle of the chain was
+// over the size limit and not kept, or the caller cannot take a chain of
+// more than one bundle, the work comes as the checkpoint's patch against
+// the base instead: no commits, the whole work, commits included, as
+// uncommitted changes on the base.
+func (m *Manager) workFromCheckpoint(ctx context.Context, s *store.Session, acceptChain bool) (*Work, error) {
 	cps, err := m.Checkpoints(ctx, s.Name)
 	if err != nil {
 		return nil, err
@@ -134,26 +148,43 @@ func (m *Manager) workFromCheckpoint(ctx context.Context, s *store.Session) (*Wo
 	if w.Branch == "" {
 		w.Branch = s.Branch
 	}
-	bundles, skipped := 0, false
+	var chain []*checkpointv1.Part
+	skipped := false
 	for _, p := range cp.GetParts() {
 		if p.GetKind() == checkpointv1.PartKind_PART_KIND_BUNDLE {
-			bundles++
+			chain = append(chain, p)
 			skipped = skipped || p.GetSkipped()
 		}
 	}
-	if bundles > 1 || skipped {
-		w.HeadCommit = w.BaseCommit
-		if w.Diff, err = m.readPart(ctx, cp.GetId(), checkpointv1.PartKind_PART_KIND_PATCH); err != nil {
+	patch := func() (*Work, error) {
+		w.HeadCommit, w.Bundles = w.BaseCommit, nil
+		if w.Diff, err = m.readPart(ctx, &checkpointv1.ReadPartRequest{CheckpointId: cp.GetId(), Kind: checkpointv1.PartKind_PART_KIND_PATCH}); err != nil {
 			return nil, err
 		}
 		return w, nil
 	}
-	if bundles == 1 {
-		if w.Bundle, err = m.readPart(ctx, cp.GetId(), checkpointv1.PartKind_PART_KIND_BUNDLE); err != nil {
+	if skipped || (len(chain) > 1 && !acceptChain) {
+		return patch()
+	}
+	for i, p := range chain {
+		req := &checkpointv1.ReadPartRequest{CheckpointId: cp.GetId(), Kind: checkpointv1.PartKind_PART_KIND_BUNDLE}
+		if len(chain) > 1 {
+			req.BundleIndex = proto.Int32(int32(i))
+		}
+		b, err := m.readPart(ctx, req)
+		if err != nil {
 			return nil, err
 		}
+		if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != p.GetSha256() {
+			// A checkpoint service that predates bundle_index answers
+			// every index with the newest bundle.
+			m.log.WarnContext(ctx, "a bundle of the checkpoint's chain does not match its manifest; pulling the patch instead",
+				"session", s.Name, "checkpoint", cp.GetId(), "bundle", i)
+			return patch()
+		}
+		w.Bundles = append(w.Bundles, b)
 	}
-	if w.Diff, err = m.readPart(ctx, cp.GetId(), checkpointv1.PartKind_PART_KIND_DIFF); err != nil {
+	if w.Diff, err = m.readPart(ctx, &checkpointv1.ReadPartRequest{CheckpointId: cp.GetId(), Kind: checkpointv1.PartKind_PART_KIND_DIFF}); err != nil {
 		return nil, err
 	}
 	return w, nil
@@ -161,8 +192,9 @@ func (m *Manager) workFromCheckpoint(ctx context.Context, s *store.Session) (*Wo
 
 // readPart reads a checkpoint part whole; a part the checkpoint does not
 // have is empty.
-func (m *Manager) readPart(ctx context.Context, id string, kind checkpointv1.PartKind) ([]byte, error) {
-	stream, err := m.d.Checkpoints.ReadPart(ctx, &checkpointv1.ReadPartRequest{CheckpointId: id, Kind: kind})
+func (m *Manager) readPart(ctx context.Context, req *checkpointv1.ReadPartRequest) ([]byte, error) {
+	id, kind := req.GetCheckpointId(), req.GetKind()
+	stream, err := m.d.Checkpoints.ReadPart(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("read %s of checkpoint %s: %w", kind, id, err)
 	}

@@ -1085,9 +1085,17 @@ func (x *GetCheckpointPatchResponse) GetBaseCommit() string {
 }
 
 type ReadPartRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CheckpointId  string                 `protobuf:"bytes,1,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
-	Kind          PartKind               `protobuf:"varint,2,opt,name=kind,proto3,enum=hangar.checkpoint.v1.PartKind" json:"kind,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	CheckpointId string                 `protobuf:"bytes,1,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
+	Kind         PartKind               `protobuf:"varint,2,opt,name=kind,proto3,enum=hangar.checkpoint.v1.PartKind" json:"kind,omitempty"`
+	// For kind BUNDLE: which bundle of the checkpoint's chain, counting its
+	// BUNDLE parts in manifest order (Checkpoint.parts), 0 = the oldest. Each
+	// bundle's prerequisites are in the bundles before it (the first's in
+	// the base commit), so a caller fetches them all in order. Unset: the
+	// newest kept bundle, as before. Negative, out of range or with another
+	// kind: InvalidArgument; a bundle that was over the size limit and not
+	// kept: FailedPrecondition (PART_NOT_KEPT).
+	BundleIndex   *int32 `protobuf:"varint,3,opt,name=bundle_index,json=bundleIndex,proto3,oneof" json:"bundle_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1134,6 +1142,13 @@ func (x *ReadPartRequest) GetKind() PartKind {
 		return x.Kind
 	}
 	return PartKind_PART_KIND_UNSPECIFIED
+}
+
+func (x *ReadPartRequest) GetBundleIndex() int32 {
+	if x != nil && x.BundleIndex != nil {
+		return *x.BundleIndex
+	}
+	return 0
 }
 
 type ReadPartResponse struct {
@@ -1265,10 +1280,12 @@ const file_hangar_checkpoint_v1_service_proto_rawDesc = "" +
 	"\x1aGetCheckpointPatchResponse\x12\x14\n" +
 	"\x05patch\x18\x01 \x01(\tR\x05patch\x12\x1f\n" +
 	"\vbase_commit\x18\x02 \x01(\tR\n" +
-	"baseCommit\"j\n" +
+	"baseCommit\"\xa3\x01\n" +
 	"\x0fReadPartRequest\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x122\n" +
-	"\x04kind\x18\x02 \x01(\x0e2\x1e.hangar.checkpoint.v1.PartKindR\x04kind\"(\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x1e.hangar.checkpoint.v1.PartKindR\x04kind\x12&\n" +
+	"\fbundle_index\x18\x03 \x01(\x05H\x00R\vbundleIndex\x88\x01\x01B\x0f\n" +
+	"\r_bundle_index\"(\n" +
 	"\x10ReadPartResponse\x12\x14\n" +
 	"\x05chunk\x18\x01 \x01(\fR\x05chunk2\xcc\f\n" +
 	"\x11CheckpointService\x12\x91\x01\n" +
@@ -1367,6 +1384,7 @@ func file_hangar_checkpoint_v1_service_proto_init() {
 		return
 	}
 	file_hangar_checkpoint_v1_message_proto_init()
+	file_hangar_checkpoint_v1_service_proto_msgTypes[19].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

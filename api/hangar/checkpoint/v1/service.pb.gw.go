@@ -376,6 +376,8 @@ func local_request_CheckpointService_GetCheckpointPatch_0(ctx context.Context, m
 	return msg, metadata, err
 }
 
+var filter_CheckpointService_ReadPart_0 = &utilities.DoubleArray{Encoding: map[string]int{"checkpoint_id": 0, "kind": 1}, Base: []int{1, 1, 2, 0, 0}, Check: []int{0, 1, 1, 2, 3}}
+
 func request_CheckpointService_ReadPart_0(ctx context.Context, marshaler runtime.Marshaler, client CheckpointServiceClient, req *http.Request, pathParams map[string]string) (CheckpointService_ReadPartClient, runtime.ServerMetadata, error) {
 	var (
 		protoReq ReadPartRequest
@@ -400,6 +402,12 @@ func request_CheckpointService_ReadPart_0(ctx context.Context, marshaler runtime
 		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "kind", err)
 	}
 	protoReq.Kind = PartKind(e)
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_CheckpointService_ReadPart_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
 	if req.Body != nil {
 		_, _ = io.Copy(io.Discard, req.Body)
 	}

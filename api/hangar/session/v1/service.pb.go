@@ -1710,10 +1710,16 @@ func (x *GetSessionPatchResponse) GetCheckpointId() string {
 }
 
 type GetSessionWorkRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The caller can fetch a chain of bundles (git_bundles). A suspended
+	// session's commits are stored as a chain, each bundle incremental on
+	// the one before; without this a chain of more than one bundle comes as
+	// the whole work against the base in diff (head_commit = base_commit, no
+	// commits), the only form an older client can apply.
+	AcceptBundleChain bool `protobuf:"varint,2,opt,name=accept_bundle_chain,json=acceptBundleChain,proto3" json:"accept_bundle_chain,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *GetSessionWorkRequest) Reset() {
@@ -1753,15 +1759,29 @@ func (x *GetSessionWorkRequest) GetName() string {
 	return ""
 }
 
+func (x *GetSessionWorkRequest) GetAcceptBundleChain() bool {
+	if x != nil {
+		return x.AcceptBundleChain
+	}
+	return false
+}
+
 type GetSessionWorkResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Branch     string                 `protobuf:"bytes,1,opt,name=branch,proto3" json:"branch,omitempty"`
 	BaseCommit string                 `protobuf:"bytes,2,opt,name=base_commit,json=baseCommit,proto3" json:"base_commit,omitempty"`
 	HeadCommit string                 `protobuf:"bytes,3,opt,name=head_commit,json=headCommit,proto3" json:"head_commit,omitempty"`
-	// A git bundle of the session branch's commits.
+	// A git bundle of the session branch's commits, when they fit in one
+	// (always from a live sandbox). Empty when git_bundles is set.
 	GitBundle []byte `protobuf:"bytes,4,opt,name=git_bundle,json=gitBundle,proto3" json:"git_bundle,omitempty"`
 	// A binary diff of uncommitted changes, against head_commit.
-	Diff          []byte `protobuf:"bytes,5,opt,name=diff,proto3" json:"diff,omitempty"`
+	Diff []byte `protobuf:"bytes,5,opt,name=diff,proto3" json:"diff,omitempty"`
+	// The session's commits as a chain of git bundles, oldest first, to
+	// fetch in order: the first's prerequisites are in base_commit, each
+	// later one's in the bundles before it. Set only when the request has
+	// accept_bundle_chain and the commits are in more than one bundle;
+	// git_bundle stays the single-bundle form, for old clients too.
+	GitBundles    [][]byte `protobuf:"bytes,6,rep,name=git_bundles,json=gitBundles,proto3" json:"git_bundles,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1827,6 +1847,13 @@ func (x *GetSessionWorkResponse) GetGitBundle() []byte {
 func (x *GetSessionWorkResponse) GetDiff() []byte {
 	if x != nil {
 		return x.Diff
+	}
+	return nil
+}
+
+func (x *GetSessionWorkResponse) GetGitBundles() [][]byte {
+	if x != nil {
+		return x.GitBundles
 	}
 	return nil
 }
@@ -3136,9 +3163,10 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\x05patch\x18\x01 \x01(\tR\x05patch\x12\x1f\n" +
 	"\vbase_commit\x18\x02 \x01(\tR\n" +
 	"baseCommit\x12#\n" +
-	"\rcheckpoint_id\x18\x03 \x01(\tR\fcheckpointId\"+\n" +
+	"\rcheckpoint_id\x18\x03 \x01(\tR\fcheckpointId\"[\n" +
 	"\x15GetSessionWorkRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xa5\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
+	"\x13accept_bundle_chain\x18\x02 \x01(\bR\x11acceptBundleChain\"\xc6\x01\n" +
 	"\x16GetSessionWorkResponse\x12\x16\n" +
 	"\x06branch\x18\x01 \x01(\tR\x06branch\x12\x1f\n" +
 	"\vbase_commit\x18\x02 \x01(\tR\n" +
@@ -3147,7 +3175,9 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"headCommit\x12\x1d\n" +
 	"\n" +
 	"git_bundle\x18\x04 \x01(\fR\tgitBundle\x12\x12\n" +
-	"\x04diff\x18\x05 \x01(\fR\x04diff\"\x9c\x01\n" +
+	"\x04diff\x18\x05 \x01(\fR\x04diff\x12\x1f\n" +
+	"\vgit_bundles\x18\x06 \x03(\fR\n" +
+	"gitBundles\"\x9c\x01\n" +
 	"\x12ForkSessionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\f\n" +
 	"\x01n\x18\x02 \x01(\x05R\x01n\x12\x18\n" +
