@@ -92,9 +92,13 @@ GIT_INDEX_FILE="$tmp" git write-tree
 // it exits 3 when that is nothing.
 const bundleScript = `set -e
 cd "$1"; shift
-for c in $HANGAR_EXCLUDE; do
-  if git cat-file -e "$c^{commit}" 2>/dev/null; then set -- "$@" "^$c"; fi
-done
+excl=""
+while read -r sha typ; do
+  if [ "$typ" = commit ]; then excl="$excl ^$sha"; fi
+done <<EOF
+$(for c in $HANGAR_EXCLUDE; do printf '%s^{commit}\n' "$c"; done | git cat-file --batch-check='%(objectname) %(objecttype)')
+EOF
+set -- "$@" $excl
 [ -n "$(git rev-list -n 1 "$@")" ] || exit 3
 git bundle create -q - "$@"
 `
