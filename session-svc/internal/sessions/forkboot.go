@@ -169,25 +169,27 @@ func movePath(p string, a, b *sandboxv1.Sandbox) (string, bool) {
 }
 
 // forkCopyScript turns a copy of a sibling fork's sandbox into this fork's:
-// in work tree $1, rename the checked-out branch $2 to $3, move each pair
-// of paths ($4 to $5, ...; one the restore did not make is skipped), then print the work tree's hash the way the
-// checkpoint service does (a copy of the index with `add -A`, write-tree).
+// in work tree $1, rename the branch $2 (checked out) to $3, move each pair
+// of paths ($4 to $5, ...; one the restore did not make is skipped), then
+// print the work tree's hash the way the checkpoint service does (a copy
+// of the index with ` + "`add -A`" + `, write-tree). Every file is hashed again (a
+// copy's stat data is not the index's), so the copy is checked byte for
+// byte. As few processes as can be: this runs once per fork.
 const forkCopyScript = `set -e
-cd "$1"; old="$2"; new="$3"; shift 3
-[ "$(git symbolic-ref -q HEAD)" = "refs/heads/$old" ] || { echo "HEAD is not on $old" >&2; exit 1; }
-git branch -m "$old" "$new"
+cd "$1"
+git branch -m "$2" "$3"
+shift 3
 while [ $# -ge 2 ]; do
-  if [ ! -e "$1" ]; then shift 2; continue; fi
-  [ ! -e "$2" ] || { echo "$2 exists" >&2; exit 1; }
-  mkdir -p "$(dirname "$2")"
-  mv "$1" "$2"
+  if [ -e "$1" ]; then
+    [ ! -e "$2" ] || { echo "$2 exists" >&2; exit 1; }
+    mkdir -p "${2%/*}"
+    mv "$1" "$2"
+  fi
   shift 2
 done
 tmp="$(git rev-parse --absolute-git-dir)/hangar-tree-index.$$"
 trap 'rm -f "$tmp"' EXIT
-idx="$(git rev-parse --git-path index)"
-git update-index -q --refresh >/dev/null 2>&1 || true
-if [ -f "$idx" ]; then cp -p "$idx" "$tmp"; fi
+cp -p "${tmp%/*}/index" "$tmp"
 GIT_INDEX_FILE="$tmp" git add -A
 GIT_INDEX_FILE="$tmp" git write-tree
 `
