@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // copyTree copies the directory src to dst (which must not exist yet, or be
@@ -17,6 +19,11 @@ import (
 // git only adds and removes them, never writes one in place. Everything
 // else is copied.
 func copyTree(ctx context.Context, src, dst string) error {
+	type dir struct {
+		path string
+		perm fs.FileMode
+	}
+	var dirs []dir
 	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -35,7 +42,8 @@ func copyTree(ctx context.Context, src, dst string) error {
 		}
 		switch mode := info.Mode(); {
 		case mode.IsDir():
-			// Owner-writable while it is filled; fixDirModes sets the mode.
+			// Owner-writable while it is filled; its mode is set after.
+			dirs = append(dirs, dir{to, mode.Perm()})
 			return os.MkdirAll(to, 0o700)
 		case mode&fs.ModeSymlink != 0:
 			target, err := os.Readlink(p)
@@ -56,26 +64,12 @@ func copyTree(ctx context.Context, src, dst string) error {
 	if err != nil {
 		return err
 	}
-	return fixDirModes(src, dst)
-}
-
-// fixDirModes gives the directories under dst the modes of their
-// counterparts under src (copyTree made them owner-writable).
-func fixDirModes(src, dst string) error {
-	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.IsDir() {
+	for _, d := range dirs {
+		if err := os.Chmod(d.path, d.perm); err != nil {
 			return err
 		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, p)
-		if err != nil {
-			return err
-		}
-		return os.Chmod(filepath.Join(dst, rel), info.Mode().Perm())
-	})
+	}
+	return nil
 }
 
 // objectFile says whether rel (slash or OS separated) lies in a git object
@@ -99,13 +93,17 @@ func copyFile(from, to string, info fs.FileInfo) error {
 		out.Close()
 		return fmt.Errorf("copy %s: %w", from, err)
 	}
-	if err := out.Close(); err != nil {
+	// The mode is the source's (not the umask's) and the modification time
+	// is kept: git's stat cache and tools that look at times see the files
+	// as the source had them.
+	if err := out.Chmod(info.Mode().Perm()); err != nil {
+		out.Close()
 		return err
 	}
-	if err := os.Chmod(to, info.Mode().Perm()); err != nil {
+	mtime := unix.NsecToTimeval(info.ModTime().UnixNano())
+	if err := unix.Futimes(int(out.Fd()), []unix.Timeval{mtime, mtime}); err != nil {
+		out.Close()
 		return err
 	}
-	// The modification time is kept: git's stat cache and tools that look
-	// at times see the files as the source had them.
-	return os.Chtimes(to, info.ModTime(), info.ModTime())
+	return out.Close()
 }
