@@ -165,7 +165,7 @@ func (m *Manager) finishOpen(ctx context.Context, s *store.Session, b *booted, p
 	name := s.Name
 	err := prepareErr
 	if err == nil {
-		s, err = m.record(ctx, s, b)
+		s, err = m.record(ctx, s, b, true)
 	}
 	if err != nil {
 		_, _ = m.transition(context.WithoutCancel(ctx), name, store.StateSuspended, "open failed", store.StateResuming)
@@ -174,12 +174,6 @@ func (m *Manager) finishOpen(ctx context.Context, s *store.Session, b *booted, p
 	next := store.StateIdle
 	if s.Question != nil {
 		next = store.StateNeedsInput
-	}
-	if _, err := m.d.Store.UpdateSession(ctx, name, func(cur *store.Session) error {
-		cur.LastActiveAt = m.now()
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("record activity of %s: %w", name, err)
 	}
 	return m.transition(ctx, name, next, "opened", store.StateResuming)
 }

@@ -102,7 +102,7 @@ func (m *Manager) boot(ctx context.Context, s *store.Session) (*store.Session, e
 	if err != nil {
 		return nil, err
 	}
-	return m.record(ctx, s, b)
+	return m.record(ctx, s, b, false)
 }
 
 // booted is a sandbox made ready for a session but not yet recorded on it.
@@ -184,13 +184,17 @@ func (m *Manager) leased(name string, acq *sandboxv1.AcquireSandboxResponse) *bo
 	return b
 }
 
-// record puts a prepared sandbox on s's record; on failure it is released.
-func (m *Manager) record(ctx context.Context, s *store.Session, b *booted) (*store.Session, error) {
+// record puts a prepared sandbox on s's record (active also marks it
+// active now); on failure the sandbox is released.
+func (m *Manager) record(ctx context.Context, s *store.Session, b *booted, active bool) (*store.Session, error) {
 	updated, err := m.d.Store.UpdateSession(ctx, s.Name, func(cur *store.Session) error {
 		cur.SandboxID = b.sb.GetId()
 		cur.FencingToken = b.token
 		if cur.BaseCommit == "" {
 			cur.BaseCommit = b.base
+		}
+		if active {
+			cur.LastActiveAt = m.now()
 		}
 		return nil
 	})
