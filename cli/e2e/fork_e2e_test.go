@@ -285,7 +285,10 @@ func forkWaitJob(t testing.TB, s *forkStack, id string) *sessionv1.Job {
 }
 
 // BenchmarkForkFanOut: time from the fork call to all N forks ready for
-// their first turn (booted, restored), and stored bytes per fork.
+// their first turn (booted, restored), and stored bytes per fork. It
+// measures the cold path: the environment has no warm pool, so the parent's
+// checkpoint is taken (its sandbox is up), the first fork's sandbox is
+// created (clone) and restored, and the other forks get copies of it.
 func BenchmarkForkFanOut(b *testing.B) {
 	s := forkStart(b)
 	ctx := context.Background()

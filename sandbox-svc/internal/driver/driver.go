@@ -30,6 +30,8 @@ var (
 	ErrInUse = errors.New("work key in use")
 	// ErrEgressUnsupported: the driver cannot enforce egress none here.
 	ErrEgressUnsupported = errors.New("egress none unsupported")
+	// ErrBusy: the sandbox runs a command (it can't be copied now).
+	ErrBusy = errors.New("sandbox busy")
 )
 
 // Egress is what a sandbox's processes may reach.
@@ -165,4 +167,16 @@ type Driver interface {
 	// Create clones the repository at the base ref, runs setup and returns
 	// a ready sandbox. On error nothing is left behind.
 	Create(ctx context.Context, spec Spec) (Sandbox, error)
+}
+
+// Copier is a Driver that can make a sandbox as a copy of another of its
+// own: a fork restores a checkpoint once and copies the result, instead of
+// cloning and restoring N times.
+type Copier interface {
+	// Copy returns a new sandbox for spec (ID, WorkKey, Egress) whose work
+	// tree and home hold what src's hold now, at the new sandbox's paths.
+	// src must be idle: ErrBusy while one of its commands runs; commands
+	// started on src during the copy wait for it. Setup is not run again.
+	// On error nothing is left behind.
+	Copy(ctx context.Context, src Sandbox, spec Spec) (Sandbox, error)
 }

@@ -591,6 +591,39 @@ func createErr(env string, err error) error {
 		fmt.Sprintf("creating a sandbox for environment %q failed (clone or setup); see the service log", env), err)
 }
 
+// copySandbox makes a sandbox as a copy of req.copy_of (see
+// AcquireSandboxRequest.copy_of).
+func (s *Server) copySandbox(ctx context.Context, req *sandboxv1.AcquireSandboxRequest, env, egress string) (driver.Sandbox, error) {
+	copier, ok := s.drv.(driver.Copier)
+	if !ok {
+		return nil, fault.Unimplemented("the %s driver can't copy sandboxes", s.drv.Name())
+	}
+	if req.GetCopyOfFencingToken() == 0 {
+		return nil, fault.InvalidArgument("copy_of_fencing_token", "copy_of_fencing_token is required with copy_of")
+	}
+	src, err := s.use(ctx, req.GetCopyOf(), req.GetCopyOfFencingToken())
+	if err != nil {
+		return nil, err
+	}
+	if src.env != env {
+		return nil, fault.InvalidArgument("copy_of", "sandbox %q is of environment %q, not %q", src.id, src.env, env)
+	}
+	spec := driver.Spec{ID: newID(), WorkKey: req.GetWorkKey(), Environment: env, Egress: driver.EgressFull}
+	if egress == environment.EgressNone {
+		spec.Egress = driver.EgressNone
+	}
+	sb, err := copier.Copy(ctx, src.sb, spec)
+	switch {
+	case errors.Is(err, driver.ErrBusy):
+		return nil, fault.Wrap(fault.KindFailedPrecondition, "SANDBOX_BUSY", fmt.Sprintf("sandbox %q runs a command: it can be copied only when idle", src.id), err)
+	case errors.Is(err, driver.ErrDestroyed):
+		return nil, fault.FailedPrecondition("SANDBOX_NOT_LEASED", "sandbox %q is being destroyed", src.id)
+	case err != nil:
+		return nil, createErr(env, err)
+	}
+	return sb, nil
+}
+
 // AcquireSandbox leases a ready sandbox from the warm pool, or creates one.
 func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandboxRequest) (*sandboxv1.AcquireSandboxResponse, error) {
 	name := req.GetEnvironment()
@@ -634,7 +667,12 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 
 	var sb driver.Sandbox
 	fromPool := false
-	if pe != nil && !req.GetCold() && egress == pe.spec.Egress && poolKey(pe.spec) == poolKey(*env) {
+	if req.GetCopyOf() != "" {
+		if sb, err = s.copySandbox(ctx, req, env.Name, egress); err != nil {
+			return nil, err
+		}
+	}
+	if sb == nil && pe != nil && !req.GetCold() && egress == pe.spec.Egress && poolKey(pe.spec) == poolKey(*env) {
 		if got, ok := pe.pool.Take(); ok {
 			if k := req.GetWorkKey(); k != "" {
 				if err := got.Relocate(ctx, k); err != nil {
@@ -680,7 +718,7 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 	s.sandboxes[id] = e
 	s.mu.Unlock()
 	s.log.Info("sandbox leased", slog.String("sandbox", id), slog.String("environment", env.Name),
-		slog.String("holder", holder), slog.Bool("from_pool", fromPool))
+		slog.String("holder", holder), slog.Bool("from_pool", fromPool), slog.String("copy_of", req.GetCopyOf()))
 	return &sandboxv1.AcquireSandboxResponse{Sandbox: e.proto(), Lease: leaseToProto(l, id)}, nil
 }
 

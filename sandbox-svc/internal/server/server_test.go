@@ -323,6 +323,50 @@ func TestExecCancelKillsProcessGroup(t *testing.T) {
 	}
 }
 
+// AcquireSandbox with copy_of: the copy holds the source's work at its own
+// paths; the source's lease must be current and the copy is leased on its
+// own.
+func TestAcquireCopy(t *testing.T) {
+	e := start(t, nil)
+	ctx := context.Background()
+	src, err := e.client.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{Holder: "session/a", WorkKey: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid, stok := src.GetSandbox().GetId(), src.GetLease().GetFencingToken()
+	if res, err := execOnce(t, e.client, sid, stok, "", "sh", "-c", `echo work > new.txt && echo "$HOME" > "$HOME/where"`); err != nil || res.exit.GetExitCode() != 0 {
+		t.Fatalf("exec: %+v %v", res, err)
+	}
+	_, err = e.client.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{WorkKey: "b", CopyOf: sid})
+	wantCode(t, err, codes.InvalidArgument, "copy_of_fencing_token")
+	_, err = e.client.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{WorkKey: "b", CopyOf: sid, CopyOfFencingToken: stok + 1})
+	wantCode(t, err, codes.FailedPrecondition, "stale")
+	_, err = e.client.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{WorkKey: "b", CopyOf: "sb-nope", CopyOfFencingToken: 1})
+	wantCode(t, err, codes.NotFound, "sb-nope")
+
+	cp, err := e.client.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{Holder: "session/b", WorkKey: "b", CopyOf: sid, CopyOfFencingToken: stok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, l := cp.GetSandbox(), cp.GetLease()
+	if sb.GetId() == sid || !strings.HasSuffix(sb.GetWorkDir(), "/sandboxes/b/work") || sb.GetBaseCommit() != e.commit ||
+		l.GetFencingToken() == 0 || l.GetHolder() != "session/b" {
+		t.Fatalf("copy = %v", cp)
+	}
+	res, err := execOnce(t, e.client, sb.GetId(), l.GetFencingToken(), "", "sh", "-c", `cat new.txt README.md "$HOME/where"`)
+	want := "work\nhello\n" + src.GetSandbox().GetHomeDir() + "\n"
+	if err != nil || res.stdout != want {
+		t.Errorf("copy holds %q (%v), want %q", res.stdout, err, want)
+	}
+	if _, err := e.client.ReleaseSandbox(ctx, &sandboxv1.ReleaseSandboxRequest{SandboxId: sid, FencingToken: stok}); err != nil {
+		t.Fatal(err)
+	}
+	// The copy outlives its source.
+	if res, err := execOnce(t, e.client, sb.GetId(), l.GetFencingToken(), "", "cat", "new.txt"); err != nil || res.stdout != "work\n" {
+		t.Errorf("copy after the source's release: %+v %v", res, err)
+	}
+}
+
 func TestWarmPool(t *testing.T) {
 	e := start(t, nil)
 	ctx := context.Background()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
@@ -142,6 +141,22 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 		out.Sessions = append(out.Sessions, s)
 	}
 
+	names = names[:0]
+	for _, s := range out.Sessions {
+		names = append(names, s.Name)
+	}
+	if in.Message != "" && len(names) > 1 {
+		// Boot them together (one restore, copies of it); a fork that
+		// fails to open boots again on its own for its turn.
+		opened, errs := m.openForks(ctx, names)
+		for i, err := range errs {
+			if err != nil {
+				m.log.WarnContext(ctx, "fork not opened before its turn", "session", names[i], "error", err)
+			} else if opened[i] != nil {
+				out.Sessions[i] = opened[i]
+			}
+		}
+	}
 	switch {
 	case in.Message != "":
 		for i, s := range out.Sessions {
@@ -155,17 +170,7 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 			}
 		}
 	case in.Boot:
-		var wg sync.WaitGroup
-		errs := make([]error, len(out.Sessions))
-		opened := make([]*store.Session, len(out.Sessions))
-		for i, s := range out.Sessions {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				opened[i], errs[i] = m.Open(ctx, s.Name)
-			}()
-		}
-		wg.Wait()
+		opened, errs := m.openForks(ctx, names)
 		for i := range opened {
 			if opened[i] != nil {
 				out.Sessions[i] = opened[i]

@@ -131,36 +131,49 @@ func (m *Manager) clearSandbox(ctx context.Context, name string) (*store.Session
 
 // Open boots and restores a session without running the agent.
 func (m *Manager) Open(ctx context.Context, name string) (*store.Session, error) {
+	s, up, err := m.beginOpen(ctx, name)
+	if err != nil || up {
+		return s, err
+	}
+	b, err := m.prepare(ctx, s)
+	return m.finishOpen(ctx, s, b, err)
+}
+
+// beginOpen moves a session that has no sandbox to resuming; up says it
+// has one already (s is then as it is).
+func (m *Manager) beginOpen(ctx context.Context, name string) (s *store.Session, up bool, err error) {
 	if err := ValidName("name", name); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	cur, err := m.get(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if cur.State == store.StateArchived {
-		return nil, fault.FailedPrecondition("SESSION_ARCHIVED", "session %q is archived: its checkpoints are gone", name)
+		return nil, false, fault.FailedPrecondition("SESSION_ARCHIVED", "session %q is archived: its checkpoints are gone", name)
 	}
 	if cur.SandboxID != "" {
-		return cur, nil
+		return cur, true, nil
 	}
-	s, err := m.transition(ctx, name, store.StateResuming, "open", store.StateSuspended, store.StateFailed)
+	s, err = m.transition(ctx, name, store.StateResuming, "open", store.StateSuspended, store.StateFailed)
+	return s, false, err
+}
+
+// finishOpen records the sandbox prepared for s (prepareErr is how that
+// went) and moves it out of resuming.
+func (m *Manager) finishOpen(ctx context.Context, s *store.Session, b *booted, prepareErr error) (*store.Session, error) {
+	name := s.Name
+	err := prepareErr
+	if err == nil {
+		s, err = m.record(ctx, s, b, true)
+	}
 	if err != nil {
-		return nil, err
-	}
-	if s, err = m.boot(ctx, s); err != nil {
 		_, _ = m.transition(context.WithoutCancel(ctx), name, store.StateSuspended, "open failed", store.StateResuming)
 		return nil, err
 	}
 	next := store.StateIdle
 	if s.Question != nil {
 		next = store.StateNeedsInput
-	}
-	if _, err := m.d.Store.UpdateSession(ctx, name, func(cur *store.Session) error {
-		cur.LastActiveAt = m.now()
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("record activity of %s: %w", name, err)
 	}
 	return m.transition(ctx, name, next, "opened", store.StateResuming)
 }

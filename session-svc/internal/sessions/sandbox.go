@@ -98,6 +98,27 @@ func (m *Manager) sandboxOf(ctx context.Context, s *store.Session) (*sandboxv1.S
 // (verified against its tree hash), or, for a new session, creates its
 // branch at the environment's base. It records the sandbox on the session.
 func (m *Manager) boot(ctx context.Context, s *store.Session) (*store.Session, error) {
+	b, err := m.prepare(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	return m.record(ctx, s, b, false)
+}
+
+// booted is a sandbox made ready for a session but not yet recorded on it.
+type booted struct {
+	sb    *sandboxv1.Sandbox
+	token uint64
+	base  string
+	// restored is the checkpoint restored (nil for a new session) and tree
+	// the restored work tree's hash, verified against it.
+	restored *checkpointv1.Checkpoint
+	tree     string
+}
+
+// prepare leases and fills a sandbox for s (boot without the record). On
+// failure the sandbox is released.
+func (m *Manager) prepare(ctx context.Context, s *store.Session) (*booted, error) {
 	acq, err := m.d.Sandboxes.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{
 		Environment: s.Environment,
 		Holder:      holder(s.Name),
@@ -107,14 +128,9 @@ func (m *Manager) boot(ctx context.Context, s *store.Session) (*store.Session, e
 	if err != nil {
 		return nil, fmt.Errorf("lease a sandbox for %s: %w", s.Name, err)
 	}
-	sb, lease := acq.GetSandbox(), acq.GetLease()
-	m.mu.Lock()
-	m.sandboxes[sb.GetId()] = sb
-	m.mu.Unlock()
-	m.keepLease(s.Name, sb.GetId(), lease.GetFencingToken())
-
-	fail := func(err error) (*store.Session, error) {
-		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, sb.GetId(), lease.GetFencingToken())
+	b := m.leased(s.Name, acq)
+	fail := func(err error) (*booted, error) {
+		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token)
 		return nil, err
 	}
 
@@ -122,50 +138,71 @@ func (m *Manager) boot(ctx context.Context, s *store.Session) (*store.Session, e
 	if err != nil {
 		return fail(err)
 	}
-	base := s.BaseCommit
+	b.base = s.BaseCommit
 	if len(checkpoints) > 0 {
 		newest := checkpoints[0]
-		_, err := m.d.Checkpoints.RestoreCheckpoint(ctx, &checkpointv1.RestoreCheckpointRequest{
-			CheckpointId: newest.GetId(), SandboxId: sb.GetId(), FencingToken: lease.GetFencingToken(),
-			WorkDir: sb.GetWorkDir(), Branch: s.Branch, Relocate: relocation(sb, newest),
+		resp, err := m.d.Checkpoints.RestoreCheckpoint(ctx, &checkpointv1.RestoreCheckpointRequest{
+			CheckpointId: newest.GetId(), SandboxId: b.sb.GetId(), FencingToken: b.token,
+			WorkDir: b.sb.GetWorkDir(), Branch: s.Branch, Relocate: relocation(b.sb, newest),
 		})
 		if err != nil {
 			return fail(fmt.Errorf("restore checkpoint %s of %s: %w", newest.GetId(), s.Name, err))
 		}
+		b.restored, b.tree = newest, resp.GetTreeHash()
 		// A checkpoint keeps no .git/config: without an identity again
 		// the agent could not commit after a resume.
-		if err := m.run(ctx, sb.GetId(), lease.GetFencingToken(), []string{"sh", "-c", gitIdentityScript}, nil); err != nil {
+		if err := m.run(ctx, b.sb.GetId(), b.token, []string{"sh", "-c", gitIdentityScript}, nil); err != nil {
 			return fail(fmt.Errorf("git identity of %s: %w", s.Name, err))
 		}
 	} else {
-		if base == "" {
-			base = sb.GetBaseCommit()
+		if b.base == "" {
+			b.base = b.sb.GetBaseCommit()
 		}
 		script := `git config user.name >/dev/null || git config user.name hangar
 git config user.email >/dev/null || git config user.email hangar@localhost
 git checkout -q -B "$1"`
-		if err := m.run(ctx, sb.GetId(), lease.GetFencingToken(), []string{"sh", "-c", script, "sh", s.Branch}, nil); err != nil {
+		if err := m.run(ctx, b.sb.GetId(), b.token, []string{"sh", "-c", script, "sh", s.Branch}, nil); err != nil {
 			return fail(fmt.Errorf("create branch %s: %w", s.Branch, err))
 		}
-		if err := m.applyLocalWork(ctx, s, sb, lease.GetFencingToken()); err != nil {
+		if err := m.applyLocalWork(ctx, s, b.sb, b.token); err != nil {
 			return fail(err)
 		}
 	}
-	if err := m.installAgentTool(ctx, sb, lease.GetFencingToken()); err != nil {
+	if err := m.installAgentTool(ctx, b.sb, b.token); err != nil {
 		return fail(err)
 	}
+	return b, nil
+}
+
+// leased remembers a newly leased sandbox and starts renewing its lease.
+func (m *Manager) leased(name string, acq *sandboxv1.AcquireSandboxResponse) *booted {
+	b := &booted{sb: acq.GetSandbox(), token: acq.GetLease().GetFencingToken()}
+	m.mu.Lock()
+	m.sandboxes[b.sb.GetId()] = b.sb
+	m.mu.Unlock()
+	m.keepLease(name, b.sb.GetId(), b.token)
+	return b
+}
+
+// record puts a prepared sandbox on s's record (active also marks it
+// active now); on failure the sandbox is released.
+func (m *Manager) record(ctx context.Context, s *store.Session, b *booted, active bool) (*store.Session, error) {
 	updated, err := m.d.Store.UpdateSession(ctx, s.Name, func(cur *store.Session) error {
-		cur.SandboxID = sb.GetId()
-		cur.FencingToken = lease.GetFencingToken()
+		cur.SandboxID = b.sb.GetId()
+		cur.FencingToken = b.token
 		if cur.BaseCommit == "" {
-			cur.BaseCommit = base
+			cur.BaseCommit = b.base
+		}
+		if active {
+			cur.LastActiveAt = m.now()
 		}
 		return nil
 	})
 	if err != nil {
-		return fail(fmt.Errorf("record sandbox of %s: %w", s.Name, err))
+		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token)
+		return nil, fmt.Errorf("record sandbox of %s: %w", s.Name, err)
 	}
-	if len(checkpoints) == 0 {
+	if b.restored == nil {
 		m.forgetLocalWork(ctx, s.Name)
 	}
 	return updated, nil

@@ -470,9 +470,17 @@ type AcquireSandboxRequest struct {
 	// Override the environment's egress (replays run with none).
 	Egress Egress `protobuf:"varint,6,opt,name=egress,proto3,enum=hangar.sandbox.v1.Egress" json:"egress,omitempty"`
 	// Extra env vars for every process in the sandbox.
-	Env           map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Env map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Make the new sandbox a copy of this one instead of creating it from
+	// the environment (forks: restore once, copy N-1 times). The source must
+	// be of the same environment and egress, leased with
+	// copy_of_fencing_token, and idle (no exec running); its work tree and
+	// home are copied as they are, paths moved to the new sandbox's. The
+	// warm pool is not used. A driver that can't copy answers Unimplemented.
+	CopyOf             string `protobuf:"bytes,8,opt,name=copy_of,json=copyOf,proto3" json:"copy_of,omitempty"`
+	CopyOfFencingToken uint64 `protobuf:"varint,9,opt,name=copy_of_fencing_token,json=copyOfFencingToken,proto3" json:"copy_of_fencing_token,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *AcquireSandboxRequest) Reset() {
@@ -552,6 +560,20 @@ func (x *AcquireSandboxRequest) GetEnv() map[string]string {
 		return x.Env
 	}
 	return nil
+}
+
+func (x *AcquireSandboxRequest) GetCopyOf() string {
+	if x != nil {
+		return x.CopyOf
+	}
+	return ""
+}
+
+func (x *AcquireSandboxRequest) GetCopyOfFencingToken() uint64 {
+	if x != nil {
+		return x.CopyOfFencingToken
+	}
+	return 0
 }
 
 type AcquireSandboxResponse struct {
@@ -2189,7 +2211,7 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\x0eGetPoolRequest\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\">\n" +
 	"\x0fGetPoolResponse\x12+\n" +
-	"\x04pool\x18\x01 \x01(\v2\x17.hangar.sandbox.v1.PoolR\x04pool\"\xd1\x02\n" +
+	"\x04pool\x18\x01 \x01(\v2\x17.hangar.sandbox.v1.PoolR\x04pool\"\x9d\x03\n" +
 	"\x15AcquireSandboxRequest\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x1f\n" +
@@ -2198,7 +2220,9 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\bwork_key\x18\x04 \x01(\tR\aworkKey\x12\x12\n" +
 	"\x04cold\x18\x05 \x01(\bR\x04cold\x121\n" +
 	"\x06egress\x18\x06 \x01(\x0e2\x19.hangar.sandbox.v1.EgressR\x06egress\x12C\n" +
-	"\x03env\x18\a \x03(\v21.hangar.sandbox.v1.AcquireSandboxRequest.EnvEntryR\x03env\x1a6\n" +
+	"\x03env\x18\a \x03(\v21.hangar.sandbox.v1.AcquireSandboxRequest.EnvEntryR\x03env\x12\x17\n" +
+	"\acopy_of\x18\b \x01(\tR\x06copyOf\x121\n" +
+	"\x15copy_of_fencing_token\x18\t \x01(\x04R\x12copyOfFencingToken\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"~\n" +

@@ -103,6 +103,54 @@ func (d *Driver) releaseKey(key string, sb *Sandbox) {
 
 // Create clones the repository, runs setup and returns the sandbox.
 func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Sandbox, error) {
+	return d.create(ctx, spec, func(sb *Sandbox) error {
+		commit, err := sb.clone(ctx)
+		if err != nil {
+			return err
+		}
+		sb.baseCommit = commit
+		for _, cmd := range spec.Setup {
+			if err := sb.runSetup(ctx, cmd); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Copy makes a sandbox whose work tree and home are copies of src's (see
+// driver.Copier). Git's object files (never written in place, only added
+// and removed) are hard-linked; every other file is copied, so nothing
+// written in one sandbox shows in the other. src's environment, repository
+// and base commit carry over; spec gives the id, work key and egress.
+func (d *Driver) Copy(ctx context.Context, src driver.Sandbox, spec driver.Spec) (driver.Sandbox, error) {
+	from, ok := src.(*Sandbox)
+	if !ok || from.d != d {
+		return nil, errors.New("local driver: copy of a sandbox of another driver")
+	}
+	if err := from.freeze(); err != nil {
+		return nil, err
+	}
+	defer from.thaw()
+	from.mu.Lock()
+	srcDir := from.dir
+	from.mu.Unlock()
+	own := from.spec
+	own.ID, own.WorkKey, own.Egress = spec.ID, spec.WorkKey, spec.Egress
+	return d.create(ctx, own, func(sb *Sandbox) error {
+		for _, sub := range []string{"work", "home"} {
+			if err := copyTree(ctx, filepath.Join(srcDir, sub), filepath.Join(sb.dir, sub)); err != nil {
+				return fmt.Errorf("copy sandbox %s: %w", from.spec.ID, err)
+			}
+		}
+		sb.baseCommit = from.baseCommit
+		return nil
+	})
+}
+
+// create makes the sandbox directory, its network namespace (egress none)
+// and fills the work tree and home with fill.
+func (d *Driver) create(ctx context.Context, spec driver.Spec, fill func(*Sandbox) error) (driver.Sandbox, error) {
 	if spec.ID == "" {
 		return nil, errors.New("local driver: spec.ID is required")
 	}
@@ -110,7 +158,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Sandbox, 
 	if key == "" {
 		key = spec.ID
 	}
-	sb := &Sandbox{d: d, spec: spec, procs: map[int]struct{}{}}
+	sb := newSandbox(d, spec)
 	if err := d.claimKey(key, sb); err != nil {
 		return nil, err
 	}
@@ -154,15 +202,8 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Sandbox, 
 			sb.relay = startRelay(ln, gw, d.opts.Logger)
 		}
 	}
-	commit, err := sb.clone(ctx)
-	if err != nil {
+	if err := fill(sb); err != nil {
 		return nil, err
-	}
-	sb.baseCommit = commit
-	for _, cmd := range spec.Setup {
-		if err := sb.runSetup(ctx, cmd); err != nil {
-			return nil, err
-		}
 	}
 	sb.createdAt = d.opts.Now()
 	ok = true

@@ -31,11 +31,43 @@ type Sandbox struct {
 	createdAt  time.Time
 
 	mu        sync.Mutex
+	thawed    *sync.Cond // on mu: signalled when copying drops to 0
 	key       string
 	dir       string
 	procs     map[int]struct{} // process groups started here
 	running   int
+	copying   int // copies of this sandbox in progress: new commands wait
 	destroyed bool
+}
+
+func newSandbox(d *Driver, spec driver.Spec) *Sandbox {
+	sb := &Sandbox{d: d, spec: spec, procs: map[int]struct{}{}}
+	sb.thawed = sync.NewCond(&sb.mu)
+	return sb
+}
+
+// freeze holds new commands back while the sandbox is copied; it fails
+// when a command runs.
+func (sb *Sandbox) freeze() error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	switch {
+	case sb.destroyed:
+		return driver.ErrDestroyed
+	case sb.running > 0:
+		return fmt.Errorf("%w: %d commands running", driver.ErrBusy, sb.running)
+	}
+	sb.copying++
+	return nil
+}
+
+// thaw ends a freeze.
+func (sb *Sandbox) thaw() {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.copying--; sb.copying == 0 {
+		sb.thawed.Broadcast()
+	}
 }
 
 // waitDelay bounds how long Wait waits for output pipes held open by
@@ -129,6 +161,9 @@ func (sb *Sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Pro
 func (sb *Sandbox) begin() error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	for sb.copying > 0 && !sb.destroyed {
+		sb.thawed.Wait()
+	}
 	if sb.destroyed {
 		return driver.ErrDestroyed
 	}
@@ -420,8 +455,8 @@ func (sb *Sandbox) Relocate(ctx context.Context, workKey string) error {
 	if workKey == sb.key {
 		return nil
 	}
-	if sb.running > 0 {
-		return errors.New("relocate: processes are running")
+	if sb.running > 0 || sb.copying > 0 {
+		return errors.New("relocate: processes are running or the sandbox is being copied")
 	}
 	if err := sb.d.claimKey(workKey, sb); err != nil {
 		return err
@@ -470,6 +505,9 @@ func (sb *Sandbox) Destroy(ctx context.Context, hooks ...driver.DestroyHook) err
 func (sb *Sandbox) teardown() error {
 	sb.mu.Lock()
 	sb.destroyed = true
+	if sb.thawed != nil {
+		sb.thawed.Broadcast()
+	}
 	groups := make([]int, 0, len(sb.procs))
 	for g := range sb.procs {
 		groups = append(groups, g)

@@ -1,0 +1,195 @@
+package sessions
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/session-svc/internal/store"
+)
+
+// openForks opens forks that start from one checkpoint: the first is booted
+// as any session is (sandbox, restore verified by the tree hash), the
+// others get a copy of its sandbox (the sandbox service's copy_of), each
+// moved onto its own branch and conversation paths and verified against
+// the same tree hash. A fork whose copy can't be made or doesn't verify is
+// booted on its own. The result and errors are per session.
+func (m *Manager) openForks(ctx context.Context, names []string) ([]*store.Session, []error) {
+	out := make([]*store.Session, len(names))
+	errs := make([]error, len(names))
+	sessions := make([]*store.Session, len(names))
+	first := -1
+	for i, name := range names {
+		s, up, err := m.beginOpen(ctx, name)
+		switch {
+		case err != nil:
+			errs[i] = err
+		case up:
+			out[i] = s
+		default:
+			sessions[i] = s
+			if first < 0 {
+				first = i
+			}
+		}
+	}
+	if first < 0 {
+		return out, errs
+	}
+	src, srcErr := m.prepare(ctx, sessions[first])
+	var wg sync.WaitGroup
+	prepared := make([]*booted, len(names))
+	for i, s := range sessions {
+		if s == nil || i == first {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if srcErr == nil {
+				b, err := m.prepareCopy(ctx, s, sessions[first], src)
+				if err == nil {
+					prepared[i] = b
+					return
+				}
+				m.log.InfoContext(ctx, "fork sandbox not copied; booting it on its own", "session", s.Name, "error", err)
+			}
+			prepared[i], errs[i] = m.prepare(ctx, s)
+		}()
+	}
+	wg.Wait()
+	// The first is recorded (and can be used) only now: nothing runs in
+	// its sandbox while it is copied.
+	prepared[first], errs[first] = src, srcErr
+	for i, s := range sessions {
+		if s == nil {
+			continue
+		}
+		out[i], errs[i] = m.finishOpen(ctx, s, prepared[i], errs[i])
+	}
+	return out, errs
+}
+
+// errNoCopy says a fork's sandbox can't be a copy of its sibling's.
+var errNoCopy = errors.New("not copyable")
+
+// prepareCopy prepares s's sandbox as a copy of src, the sandbox prepared
+// for srcSession from a checkpoint holding the same work (forks of one
+// checkpoint): the copy's branch is renamed to s's, the conversation files
+// moved to where s's harness looks for them, and its work tree's hash must
+// be the one src's restore verified. On failure the copy is released.
+func (m *Manager) prepareCopy(ctx context.Context, s, srcSession *store.Session, src *booted) (*booted, error) {
+	cps, err := m.Checkpoints(ctx, s.Name)
+	if err != nil {
+		return nil, err
+	}
+	if len(cps) == 0 || src.restored == nil || src.tree == "" {
+		return nil, fmt.Errorf("%w: nothing restored to copy", errNoCopy)
+	}
+	cp, from := cps[0], src.restored
+	if cp.GetTreeHash() != from.GetTreeHash() || cp.GetHeadCommit() != from.GetHeadCommit() ||
+		cp.GetHarness() != from.GetHarness() || strings.Join(cp.GetConversationPaths(), "\x00") != strings.Join(from.GetConversationPaths(), "\x00") ||
+		s.Branch == "" || srcSession.Branch == "" || s.Environment != srcSession.Environment {
+		return nil, fmt.Errorf("%w: checkpoint %s is not the work of %s", errNoCopy, cp.GetId(), from.GetId())
+	}
+	acq, err := m.d.Sandboxes.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{
+		Environment: s.Environment,
+		Holder:      holder(s.Name),
+		TtlSeconds:  int32(m.cfg.LeaseTTL / time.Second),
+		WorkKey:     s.Name,
+		CopyOf:      src.sb.GetId(), CopyOfFencingToken: src.token,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("copy sandbox of %s for %s: %w", srcSession.Name, s.Name, err)
+	}
+	b := m.leased(s.Name, acq)
+	b.base, b.restored = src.base, cp
+	fail := func(err error) (*booted, error) {
+		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token)
+		return nil, err
+	}
+	args := []string{"sh", "-c", forkCopyScript, "sh", b.sb.GetWorkDir(), srcSession.Branch, s.Branch}
+	had, want := conversationTargets(src.sb, from), conversationTargets(b.sb, cp)
+	for i := range had {
+		moved, ok := movePath(had[i], src.sb, b.sb)
+		if !ok {
+			return fail(fmt.Errorf("%w: conversation path %s is outside the sandbox", errNoCopy, had[i]))
+		}
+		if moved != want[i] {
+			args = append(args, moved, want[i])
+		}
+	}
+	var out bytes.Buffer
+	if err := m.run(ctx, b.sb.GetId(), b.token, args, &out); err != nil {
+		return fail(fmt.Errorf("move the copy to %s: %w", s.Name, err))
+	}
+	if got := strings.TrimSpace(out.String()); got != src.tree {
+		return fail(fmt.Errorf("copied work tree of %s: tree %s, want %s", s.Name, got, src.tree))
+	}
+	b.tree = src.tree
+	return b, nil
+}
+
+// conversationTargets is where a checkpoint's conversation paths are in sb
+// once restored there (relocation's targets, else where they were).
+func conversationTargets(sb *sandboxv1.Sandbox, cp *checkpointv1.Checkpoint) []string {
+	out := append([]string(nil), cp.GetConversationPaths()...)
+	for _, r := range relocation(sb, cp) {
+		for i, p := range out {
+			if p == r.GetFrom() {
+				out[i] = r.GetTo()
+			}
+		}
+	}
+	return out
+}
+
+// movePath is where p, a path in sandbox a's work tree or home, is in b, a
+// copy of a.
+func movePath(p string, a, b *sandboxv1.Sandbox) (string, bool) {
+	for _, d := range [][2]string{{a.GetWorkDir(), b.GetWorkDir()}, {a.GetHomeDir(), b.GetHomeDir()}} {
+		if d[0] == "" || d[1] == "" {
+			continue
+		}
+		if p == d[0] {
+			return d[1], true
+		}
+		if rest, ok := strings.CutPrefix(p, d[0]+"/"); ok {
+			return path.Join(d[1], rest), true
+		}
+	}
+	return "", false
+}
+
+// forkCopyScript turns a copy of a sibling fork's sandbox into this fork's:
+// in work tree $1, rename the branch $2 (checked out) to $3, move each pair
+// of paths ($4 to $5, ...; one the restore did not make is skipped), then
+// print the work tree's hash the way the checkpoint service does (a copy
+// of the index with ` + "`add -A`" + `, write-tree). Every file is hashed again (a
+// copy's stat data is not the index's), so the copy is checked byte for
+// byte. As few processes as can be: this runs once per fork.
+const forkCopyScript = `set -e
+cd "$1"
+git branch -m "$2" "$3"
+shift 3
+while [ $# -ge 2 ]; do
+  if [ -e "$1" ]; then
+    [ ! -e "$2" ] || { echo "$2 exists" >&2; exit 1; }
+    mkdir -p "${2%/*}"
+    mv "$1" "$2"
+  fi
+  shift 2
+done
+tmp="$(git rev-parse --absolute-git-dir)/hangar-tree-index.$$"
+trap 'rm -f "$tmp"' EXIT
+cp -p "${tmp%/*}/index" "$tmp"
+GIT_INDEX_FILE="$tmp" git add -A
+GIT_INDEX_FILE="$tmp" git write-tree
+`
