@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -13,6 +12,7 @@ import (
 	"path"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -86,28 +86,47 @@ type probe struct {
 	tree, itree string
 	// ancestor: the previous checkpoint's HEAD is an ancestor of HEAD.
 	ancestor bool
+	// changes are the tree diffs by pair ("HI", "HW", "IW"); untracked is
+	// the scan's untracked files and directories (these end in "/"). Both
+	// only when itree is a tree.
+	changes   map[string][]change
+	untracked []string
 }
 
-func parseProbe(out []byte) probe {
+// parseProbe reads probeScript's output: "key value" lines, then, after a
+// line "changes", the tree diffs and the untracked scan.
+func parseProbe(out []byte) (probe, error) {
 	var p probe
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		k, v, _ := strings.Cut(sc.Text(), " ")
+	rest := out
+	for len(rest) > 0 {
+		line, after, _ := bytes.Cut(rest, []byte("\n"))
+		rest = after
+		if string(line) == "changes" {
+			changes, untracked, err := parseChanges(rest)
+			if err != nil {
+				return p, err
+			}
+			p.changes, p.untracked = changes, untracked
+			break
+		}
+		k, v, _ := strings.Cut(string(line), " ")
 		switch k {
 		case "head":
 			p.head = v
-		case "branch":
-			p.branch = strings.TrimPrefix(v, "refs/heads/")
-			if v == "-" {
-				p.branch = ""
-			}
 		case "base":
 			p.base = v
 		case "gitdir":
 			p.gitdir = v
 		case "ref":
-			sha, name, _ := strings.Cut(v, " ")
-			p.refs = append(p.refs, ref{Name: strings.TrimPrefix(name, "refs/heads/"), Commit: sha})
+			f := strings.Fields(v)
+			if len(f) < 2 {
+				continue
+			}
+			name := strings.TrimPrefix(f[1], "refs/heads/")
+			p.refs = append(p.refs, ref{Name: name, Commit: f[0]})
+			if len(f) == 3 && f[2] == "*" {
+				p.branch = name
+			}
 		case "itree":
 			p.itree = v
 		case "ancestor":
@@ -116,7 +135,7 @@ func parseProbe(out []byte) probe {
 			p.tree = v
 		}
 	}
-	return p
+	return p, nil
 }
 
 func checkCapture(req *checkpointv1.CaptureCheckpointRequest) error {
@@ -201,7 +220,10 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	if code == 10 {
 		return nil, fault.FailedPrecondition(ReasonNotARepo, "work_dir %s is not the top of a git work tree", wd)
 	}
-	pr := parseProbe(out.Bytes())
+	pr, err := parseProbe(out.Bytes())
+	if err != nil {
+		return nil, err
+	}
 	switch {
 	case pr.base == "missing" || pr.base == "":
 		return nil, fault.FailedPrecondition(ReasonBaseMissing, "base commit %s is not in the sandbox's repository", req.GetBaseCommit())
@@ -226,7 +248,7 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	)
 	// capturePart runs argvs one after the other into one part (none: the
 	// part is empty); a command exiting with one of allowed yields no part.
-	capturePart := func(kind checkpointv1.PartKind, limit int64, env map[string]string, argvs [][]string, allowed ...int) (*checkpointv1.Part, *checkpointv1.Warning, error) {
+	capturePart := func(kind checkpointv1.PartKind, limit int64, env map[string]string, stdin []byte, argvs [][]string, allowed ...int) (*checkpointv1.Part, *checkpointv1.Warning, error) {
 		pw := newPartWriter(ctx, e.opt.Store, dk, e.idKey, kind, limit, e.known)
 		defer func() {
 			mu.Lock()
@@ -237,8 +259,12 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 			code int
 			err  error
 		)
-		for _, argv := range argvs {
-			if code, err = e.run(ctx, sb, argv, env, nil, pw, allowed...); err != nil || code != 0 {
+		for i, argv := range argvs {
+			var in io.Reader
+			if i == 0 && stdin != nil {
+				in = bytes.NewReader(stdin)
+			}
+			if code, err = e.run(ctx, sb, argv, env, in, pw, allowed...); err != nil || code != 0 {
 				break
 			}
 		}
@@ -299,25 +325,32 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 		limit   int64
 		argvs   [][]string
 		env     map[string]string
-		allowed []int // exit codes meaning "no part" (the bundle's 3: no commits)
+		stdin   []byte // the first command's
+		allowed []int  // exit codes meaning "no part" (the bundle's 3: no commits)
 	}
-	steps := []step{{checkpointv1.PartKind_PART_KIND_BUNDLE, e.opt.MaxPartBytes,
-		[][]string{shArgv(bundleScript, append([]string{wd}, positive...)...)}, bundleEnv, []int{3}}}
+	// Nothing to bundle when the chain goes on and HEAD and the branches
+	// are where the previous checkpoint had them.
+	var steps []step
+	if prevID == "" || prev.cp.GetHeadCommit() != pr.head || !slices.Equal(prev.Refs, pr.refs) {
+		steps = append(steps, step{kind: checkpointv1.PartKind_PART_KIND_BUNDLE, limit: e.opt.MaxPartBytes,
+			argvs: [][]string{shArgv(bundleScript, append([]string{wd}, positive...)...)}, env: bundleEnv, allowed: []int{3}})
+	}
 	// With the index's tree (it lacks one only with unmerged entries) the
 	// parts are diffs between trees, which cost what changed rather than
 	// what the tree holds; otherwise they come from git diff over the index
 	// and the work tree.
 	untrackedLimit := minLimit(e.opt.MaxUntrackedBytes, e.opt.MaxPartBytes)
 	if pr.itree != "-" {
-		diff, repos, err := e.trackedDiff(ctx, sb, wd, pr, git)
-		if err != nil {
-			return nil, err
+		diff, files, args := treeParts(pr, wd, git)
+		var index [][]string
+		if len(pr.changes["HI"]) > 0 {
+			index = [][]string{git(pr.head, pr.itree)}
 		}
 		steps = append(steps,
 			step{kind: checkpointv1.PartKind_PART_KIND_DIFF, limit: e.opt.MaxPartBytes, argvs: diff, env: literalEnv},
-			step{kind: checkpointv1.PartKind_PART_KIND_INDEX, limit: e.opt.MaxPartBytes, argvs: [][]string{git(pr.head, pr.itree)}, env: gitEnv},
-			step{kind: checkpointv1.PartKind_PART_KIND_UNTRACKED, limit: untrackedLimit, env: gitEnv,
-				argvs: [][]string{shArgv(untrackedTreeScript, append([]string{wd, pr.itree, pr.tree}, repos...)...)}},
+			step{kind: checkpointv1.PartKind_PART_KIND_INDEX, limit: e.opt.MaxPartBytes, argvs: index, env: gitEnv},
+			step{kind: checkpointv1.PartKind_PART_KIND_UNTRACKED, limit: untrackedLimit, env: gitEnv, stdin: files,
+				argvs: [][]string{shArgv(untrackedTreeScript, args...)}},
 		)
 	} else {
 		steps = append(steps,
@@ -341,7 +374,7 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[i], warned[i], errs[i] = capturePart(st.kind, st.limit, st.env, st.argvs, st.allowed...)
+			got[i], warned[i], errs[i] = capturePart(st.kind, st.limit, st.env, st.stdin, st.argvs, st.allowed...)
 			if errs[i] != nil {
 				cancel()
 			}
@@ -506,89 +539,130 @@ var literalEnv = func() map[string]string {
 // tree (the same patch, at the cost of a scan of the work tree).
 const maxPathspecBytes = 256 << 10
 
-// trackedDiff returns the commands that write the DIFF part, the tracked
-// files' uncommitted changes against HEAD (what `git diff HEAD` prints),
-// from the trees: HEAD against the work tree's tree on the paths that
-// changed and are tracked (the index has them, or HEAD has them and the
-// work tree does not), plus HEAD against the index's tree on the staged
-// deletions whose files are still there (untracked now). None when
-// nothing changed.
-//
-// It also returns the untracked repositories in the work tree (the work
-// tree's tree has them as gitlinks the index lacks).
-func (e *Engine) trackedDiff(ctx context.Context, sb sandbox, wd string, pr probe, git func(...string) []string) ([][]string, []string, error) {
-	var out bytes.Buffer
-	if _, err := e.run(ctx, sb, shArgv(changesScript, wd, pr.head, pr.itree, pr.tree), gitEnv, nil, &out); err != nil {
-		return nil, nil, fmt.Errorf("capture changes: %w", err)
-	}
-	changes, err := parseChanges(out.Bytes())
-	if err != nil {
-		return nil, nil, err
-	}
-	// The work tree's files the index lacks: untracked.
+// treeParts returns, from the probe's tree diffs, the commands that write
+// the DIFF part, the tracked files' uncommitted changes against HEAD (what
+// `git diff HEAD` prints): HEAD against the work tree's tree on the paths
+// that changed and are tracked (the index has them, or HEAD has them and
+// the work tree does not), plus HEAD against the index's tree on the staged
+// deletions whose files are still there (untracked now); none when nothing
+// changed. And the untracked part's input: the untracked files (stdin) and
+// untrackedTreeScript's arguments.
+func treeParts(pr probe, wd string, git func(...string) []string) (diff [][]string, stdin []byte, untrackedArgs []string) {
+	// What the work tree's tree has and the index's lacks is untracked;
+	// gitlinks there are repositories.
 	untracked := map[string]bool{}
-	var repos []string
-	for _, c := range changes["IW"] {
-		if c.status == "A" {
+	repos := map[string]bool{}
+	var files bytes.Buffer
+	emptied := map[string]bool{}
+	for _, c := range pr.changes["IW"] {
+		switch c.status {
+		case "A":
 			untracked[c.path] = true
 			if c.newMode == "160000" {
-				repos = append(repos, c.path)
+				repos[c.path] = true
+				continue
+			}
+			files.WriteString(c.path)
+			files.WriteByte(0)
+		case "D":
+			for d := path.Dir(c.path); d != "." && d != "/" && !emptied[d]; d = path.Dir(d) {
+				emptied[d] = true
 			}
 		}
 	}
 	var changed, stagedDeleted []string
 	size := 0
-	for _, c := range changes["HW"] {
+	for _, c := range pr.changes["HW"] {
 		if !untracked[c.path] {
 			changed = append(changed, c.path)
 			size += len(c.path) + 1
 		}
 	}
-	for _, c := range changes["HI"] {
+	for _, c := range pr.changes["HI"] {
 		if c.status == "D" && untracked[c.path] {
 			stagedDeleted = append(stagedDeleted, c.path)
 			size += len(c.path) + 1
 		}
 	}
-	var argvs [][]string
 	switch {
 	case size > maxPathspecBytes:
-		argvs = append(argvs, git("HEAD"))
+		diff = append(diff, git("HEAD"))
 	default:
 		if len(changed) > 0 {
-			argvs = append(argvs, git(append([]string{pr.head, pr.tree, "--"}, changed...)...))
+			diff = append(diff, git(append([]string{pr.head, pr.tree, "--"}, changed...)...))
 		}
 		if len(stagedDeleted) > 0 {
-			argvs = append(argvs, git(append([]string{pr.head, pr.itree, "--"}, stagedDeleted...)...))
+			diff = append(diff, git(append([]string{pr.head, pr.itree, "--"}, stagedDeleted...)...))
 		}
 	}
-	return argvs, repos, nil
+
+	dot := func(set map[string]bool) []string {
+		out := make([]string, 0, len(set))
+		for p := range set {
+			out = append(out, "./"+p)
+		}
+		slices.Sort(out)
+		return out
+	}
+	dirs := map[string]bool{}
+	for _, n := range pr.untracked {
+		if d, ok := strings.CutSuffix(n, "/"); ok && !repos[d] {
+			dirs[d] = true
+		}
+	}
+	untrackedArgs = []string{wd, strconv.Itoa(len(emptied)), strconv.Itoa(len(repos))}
+	untrackedArgs = append(untrackedArgs, dot(emptied)...)
+	untrackedArgs = append(untrackedArgs, dot(repos)...)
+	untrackedArgs = append(untrackedArgs, dot(dirs)...)
+	return diff, files.Bytes(), untrackedArgs
 }
 
 type change struct{ newMode, status, path string }
 
-// parseChanges reads changesScript's output: section names, each followed
-// by raw entries (":oldmode newmode old new status", path).
-func parseChanges(out []byte) (map[string][]change, error) {
-	tok := strings.Split(string(out), "\x00")
-	if len(tok) > 0 && tok[len(tok)-1] == "" {
-		tok = tok[:len(tok)-1]
-	}
+var changePairs = []string{"HI", "HW", "IW"}
+
+// parseChanges reads the probe's output after "changes": `git diff-tree
+// --stdin --always -z --raw` of three tree pairs (each a header line "a
+// b\n", then entries ":modes hashes status\0path\0"), then
+// "\0untracked\0" and the untracked scan's NUL-separated names.
+func parseChanges(data []byte) (map[string][]change, []string, error) {
+	bad := func(what string) error { return fmt.Errorf("capture probe: unexpected changes output (%s)", what) }
+	marker := []byte("\x00untracked\x00")
 	res := map[string][]change{}
-	sec := ""
-	for i := 0; i < len(tok); {
-		t := tok[i]
-		if t == "HI" || t == "HW" || t == "IW" {
-			sec = t
-			i++
-			continue
+	sec := -1
+	diffs := data
+	for {
+		// Header lines start with a hash, entries with ':', the marker
+		// (after the last entry or header) with NUL.
+		for len(diffs) > 0 && diffs[0] != ':' && diffs[0] != 0 {
+			nl := bytes.IndexByte(diffs, '\n')
+			if nl < 0 {
+				return nil, nil, bad("header")
+			}
+			sec++
+			diffs = diffs[nl+1:]
 		}
-		f := strings.Fields(t)
-		if sec == "" || i+1 >= len(tok) || !strings.HasPrefix(t, ":") || len(f) != 5 {
-			return nil, fmt.Errorf("capture changes: unexpected output at entry %d", i)
+		if bytes.HasPrefix(diffs, marker) {
+			diffs = diffs[len(marker):]
+			break
 		}
-		res[sec] = append(res[sec], change{newMode: f[1], status: f[4], path: tok[i+1]})
-		i += 2
+		meta, after, ok1 := bytes.Cut(diffs, []byte{0})
+		path, after, ok2 := bytes.Cut(after, []byte{0})
+		f := strings.Fields(string(meta))
+		if !ok1 || !ok2 || len(f) != 5 || !strings.HasPrefix(f[0], ":") || sec < 0 || sec >= len(changePairs) {
+			return nil, nil, bad("entry")
+		}
+		res[changePairs[sec]] = append(res[changePairs[sec]], change{newMode: f[1], status: f[4], path: string(path)})
+		diffs = after
 	}
-	return res, nil
+	if sec != len(changePairs)-1 {
+		return nil, nil, bad("pairs")
+	}
+	var untracked []string
+	for _, n := range bytes.Split(diffs, []byte{0}) {
+		if len(n) > 0 {
+			untracked = append(untracked, string(n))
+		}
+	}
+	return res, untracked, nil
 }

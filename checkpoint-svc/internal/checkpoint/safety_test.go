@@ -182,14 +182,14 @@ func TestPathEscapesRefused(t *testing.T) {
 		payload     []byte
 		phase2      bool
 	}{
-		{"dotdot", "ls-files", tarOf(t, reg("../escape.txt")), false},
-		{"nested dotdot", "ls-files", tarOf(t, reg("a/../../escape.txt")), false},
-		{"absolute", "ls-files", tarOf(t, reg(filepath.Join(outside, "escape.txt"))), false},
-		{"into .git", "ls-files", tarOf(t, reg(".git/hooks/post-checkout")), false},
-		{"symlink then write through", "ls-files", tarOf(t, link("out", outside), reg("out/escape.txt")), false},
-		{"hard link out", "ls-files", tarOf(t, &tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"}), false},
-		{"device", "ls-files", tarOf(t, &tar.Header{Name: "dev", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}), false},
-		{"through a tracked symlink", "ls-files", tarOf(t, reg("link-a/escape.txt")), true},
+		{"dotdot", "--no-recursion -T -", tarOf(t, reg("../escape.txt")), false},
+		{"nested dotdot", "--no-recursion -T -", tarOf(t, reg("a/../../escape.txt")), false},
+		{"absolute", "--no-recursion -T -", tarOf(t, reg(filepath.Join(outside, "escape.txt"))), false},
+		{"into .git", "--no-recursion -T -", tarOf(t, reg(".git/hooks/post-checkout")), false},
+		{"symlink then write through", "--no-recursion -T -", tarOf(t, link("out", outside), reg("out/escape.txt")), false},
+		{"hard link out", "--no-recursion -T -", tarOf(t, &tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"}), false},
+		{"device", "--no-recursion -T -", tarOf(t, &tar.Header{Name: "dev", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}), false},
+		{"through a tracked symlink", "--no-recursion -T -", tarOf(t, reg("link-a/escape.txt")), true},
 		{"diff dotdot", " -- README.md", []byte("diff --git a/../escape.txt b/../escape.txt\nnew file mode 100644\n"), false},
 		{"diff absolute quoted", " -- README.md", []byte("diff --git \"a//etc/x\" \"b//etc/x\"\n"), false},
 		{"diff rename", " -- README.md", []byte("diff --git a/x b/y\nrename from x\nrename to ../y\n"), false},

@@ -3,29 +3,43 @@ package checkpoint
 // The commands run in the sandbox. Each is `sh -c SCRIPT sh ARGS...`; the
 // work tree is $1. They use only git, tar, find, grep, xargs and sh.
 
-// probeScript prints the repository state, one "key value" line each, and
-// two trees written from copies of the index ($gitdir/hangar-tree-index.$3,
-// removed before it exits): "itree", the index's own content ("-" when it
-// has no tree, e.g. unmerged entries), and "tree", the full work tree
-// (tracked plus untracked files .gitignore does not ignore, with modes and
-// symlinks) after `add -A`. Every part of the capture is then a diff
-// between trees, which costs what changed, not what the tree holds. The
-// copy keeps the index's stat cache (and, by `cp -p`, its mtime: git trusts
-// its stat cache only for entries older than the index file, so a fresh
-// mtime would hide edits made within the same second as the last index
-// write), so only changed files are read. With $4 (the previous
-// checkpoint's HEAD) it says whether that commit is an ancestor of HEAD.
+// probeScript prints the repository state, one "key value" line each, then
+// a line "changes" and what changed between HEAD's tree, the index's tree
+// and the work tree's (below). It writes two trees from copies of the
+// index ($gitdir/hangar-tree-index.$3, removed before it exits): "itree",
+// the index's own content ("-" when it has none, e.g. unmerged entries),
+// and "tree", the full work tree (tracked plus untracked files .gitignore
+// does not ignore, with modes and symlinks) after `add -A`. Every part of
+// the capture is then a diff between trees, which costs what changed, not
+// what the tree holds. The copy keeps the index's stat cache (and, by
+// `cp -p`, its mtime: git trusts its stat cache only for entries older
+// than the index file, so a fresh mtime would hide edits made within the
+// same second as the last index write), so only changed files are read.
+// With $4 (the previous checkpoint's HEAD) it says whether that commit is
+// an ancestor of HEAD. "untracked" lines (NUL-separated after "changes")
+// come from the one scan of the work tree's directories, run alongside
+// `add -A`: the untracked directories, for their modes and empty ones.
 //
 // Entries the index recorded in the same second it was written ("racily
 // clean", e.g. everything a checkout or a restore wrote) are read again by
 // every capture until the index is written in a later second, so the
 // probe refreshes the real index's stat cache (what git status does;
-// content is not changed) unless $gitdir/hangar-index-stamp says the index
-// is still the one an earlier refresh left with no such entries. The
-// refresh is best effort and never changes what is captured.
+// content is not changed) unless $gitdir/hangar-index-stamp, a hard link
+// to the index an earlier refresh left with no such entries, is still the
+// index. The refresh never changes what is captured. While the stamp holds,
+// the index's tree is also the one recorded then ($stamp.tree), not
+// written again.
+//
+// Each process costs milliseconds in a sandbox, so the probe runs as few
+// as it can: on the common path rev-parse, cat-file, for-each-ref, ln,
+// add, write-tree, ls-files, diff-tree and cat.
+//
+// After "changes": `git diff-tree --stdin --always -r -z --raw` of the
+// pairs HEAD-index, HEAD-work tree, index-work tree (each pair's header
+// line "a b\n", then its entries ":modes hashes status\0path\0"), then
+// "\0untracked\0" and the ls-files output (NUL-separated).
 const probeScript = `set -e
 cd "$1"; nonce="$3"; prev="$4"
-# Few processes: on a busy machine each costs more than git's work here.
 loc="$(git rev-parse --is-inside-work-tree --show-prefix --absolute-git-dir --git-path index 2>/dev/null)" || { echo "not a git work tree" >&2; exit 10; }
 { read -r inside; read -r prefix; read -r gitdir; read -r idx; } <<EOF
 $loc
@@ -33,44 +47,59 @@ EOF
 [ "$inside" = true ] || { echo "not a git work tree" >&2; exit 10; }
 [ -z "$prefix" ] || { echo "not the top of the work tree" >&2; exit 10; }
 case "$idx" in /*) ;; *) idx="$PWD/$idx" ;; esac
-{ read -r head htype; read -r base btype; } <<EOF
-$(printf '%s\n' HEAD "$2^{commit}" | git cat-file --batch-check='%(objectname) %(objecttype)')
+stamp="$gitdir/hangar-index-stamp"
+# The index's tree from an earlier probe, while the index is the same file
+# (git never writes an index in place).
+cached=-
+if [ -f "$idx" ] && [ "$idx" -ef "$stamp" ] && [ -f "$stamp.tree" ]; then read -r cached < "$stamp.tree" || cached=-; fi
+{ read -r head htype; read -r htree ttype; read -r base btype; read -r ctree ctype; } <<EOF
+$(printf '%s\n' HEAD 'HEAD^{tree}' "$2^{commit}" "$cached^{tree}" | git cat-file --batch-check='%(objectname) %(objecttype)')
 EOF
 [ "$htype" = commit ] || head=none
 [ "$btype" = commit ] || base=missing
 echo "head $head"
-echo "branch $(git symbolic-ref -q HEAD || echo -)"
 echo "base $base"
 echo "gitdir $gitdir"
-git for-each-ref --format='ref %(objectname) %(refname)' refs/heads/
+git for-each-ref --format='ref %(objectname) %(refname) %(HEAD)' refs/heads/
+[ "$head" != none ] && [ "$base" != missing ] || exit 0
 tmp="$gitdir/hangar-tree-index.$nonce"
-trap 'rm -f "$tmp"' EXIT
-stamp="$gitdir/hangar-index-stamp"
+lst="$gitdir/hangar-untracked.$nonce"
+trap 'rm -f "$tmp" "$lst"' EXIT
 if [ -f "$idx" ]; then
-  before="$(stat -c '%i %s %Y %y' "$idx")"
-  saved=""
-  if [ -f "$stamp" ]; then read -r saved < "$stamp" || true; fi
-  if [ "$before" != "$saved" ]; then
-    rm -f "$stamp"
+  if ! [ "$idx" -ef "$stamp" ]; then
+    rm -f "$stamp" "$stamp.pre" "$stamp.tree"
+    ln "$idx" "$stamp.pre"
+    bsec="$(stat -c %Y "$idx")"
     if git update-index -q --refresh >/dev/null 2>&1 || [ $? = 1 ]; then
-      after="$(stat -c '%i %s %Y %y' "$idx")"
-      set -- $before; bsec="$3"
-      set -- $after; asec="$3"
-      # Written in a later second than before (or not at all): no entry
-      # is racily clean.
-      if [ "$after" = "$before" ] || [ "$asec" -gt "$bsec" ]; then
-        printf '%s\n' "$after" > "$stamp" || true
-      fi
+      # Not rewritten, or rewritten in a later second: no entry is
+      # racily clean.
+      if [ "$idx" -ef "$stamp.pre" ] || [ "$(stat -c %Y "$idx")" -gt "$bsec" ]; then ln -f "$idx" "$stamp"; fi
     fi
+    rm -f "$stamp.pre"
   fi
-  cp -p "$idx" "$tmp"
+  # A hard link: git replaces an index file, never writes it in place, so
+  # the real one is untouched, and its mtime comes along.
+  ln "$idx" "$tmp" 2>/dev/null || cp -p "$idx" "$tmp"
 fi
-echo "itree $(GIT_INDEX_FILE="$tmp" git write-tree 2>/dev/null || echo -)"
+git ls-files -z --others --exclude-standard --directory > "$lst" &
+scan=$!
+if [ "$ctype" = tree ]; then itree="$ctree"; else
+  itree="$(GIT_INDEX_FILE="$tmp" git write-tree 2>/dev/null)" || itree=-
+  if [ "$itree" != - ] && [ "$idx" -ef "$stamp" ]; then echo "$itree" > "$stamp.tree" || true; fi
+fi
 GIT_INDEX_FILE="$tmp" git add -A
-echo "tree $(GIT_INDEX_FILE="$tmp" git write-tree)"
+tree="$(GIT_INDEX_FILE="$tmp" git write-tree)"
+wait $scan
+echo "itree $itree"
+echo "tree $tree"
 if [ -n "$prev" ]; then
-  if git merge-base --is-ancestor "$prev" HEAD 2>/dev/null; then echo "ancestor yes"; else echo "ancestor no"; fi
+  if [ "$prev" = "$head" ] || git merge-base --is-ancestor "$prev" HEAD 2>/dev/null; then echo "ancestor yes"; else echo "ancestor no"; fi
 fi
+[ "$itree" != - ] || exit 0
+echo changes
+printf '%s %s\n%s %s\n%s %s\n' "$htree" "$itree" "$htree" "$tree" "$itree" "$tree" | git diff-tree --stdin --always -r -z --raw --no-renames
+printf '\0untracked\0'
+cat "$lst"
 `
 
 // treeScript prints the hash of the work tree as `git add $2` into a copy
@@ -130,44 +159,28 @@ cd "$1"
 } | tar -c -f - --format=gnu --null --verbatim-files-from --no-recursion -T -
 `
 
-// untrackedTreeScript writes the same tarball as untrackedScript, taking
-// the untracked files and the deleted tracked ones from the diff of the
-// index's tree ($2) and the work tree's ($3) instead of scans: only the
-// scan for untracked directories (their modes and empty ones) still lists
-// the work tree's directories. $4... are the untracked repositories inside
-// the work tree, which go whole.
+// untrackedTreeScript writes the same tarball as untrackedScript from what
+// the probe found, with no scan of its own: stdin holds the untracked
+// files (NUL-separated; from the diff of the index's tree and the work
+// tree's), then $2 and $3 count the paths that follow: $2 directories that
+// lost tracked files (kept if now empty, which applying the diff would
+// remove), $3 untracked repositories (whole), and the rest untracked
+// directories (for their modes, with the empty directories under them).
+// Paths start with "./". Three processes when there are no directories.
 const untrackedTreeScript = `set -e
-cd "$1"; i="$2"; w="$3"; shift 3
+cd "$1"; ne="$2"; nr="$3"; shift 3
+e=""; i=1
+while [ "$i" -le "$ne" ]; do e="$e \"\${$i}\""; i=$((i+1)); done
+r=""
+while [ "$i" -le $((ne+nr)) ]; do r="$r \"\${$i}\""; i=$((i+1)); done
+d=""
+while [ "$i" -le $# ]; do d="$d \"\${$i}\""; i=$((i+1)); done
 {
-  git diff-tree -r -z --no-renames --name-only --diff-filter=A "$i" "$w"
-  for d; do find "./$d" -mindepth 1 -print0; done
-  git ls-files -z --others --exclude-standard --directory | grep -z '/$' | xargs -0 -r sh -c '
-    for d; do
-      if [ ! -e "$d.git" ]; then
-        find "./$d" -maxdepth 0 -print0; find "./$d" -mindepth 1 -type d -empty -print0
-      fi
-    done' sh
-  git diff-tree -r -z --no-renames --name-only --diff-filter=D "$i" "$w" | xargs -0 -r sh -c '
-    for f; do d="$(dirname -- "$f")"
-      while [ "$d" != . ]; do
-        if [ -d "$d" ] && [ ! -L "$d" ] && [ -z "$(ls -A -- "$d")" ]; then printf "%s\0" "$d"; fi
-        d="$(dirname -- "$d")"
-      done
-    done' sh
+  cat
+  if [ -n "$e" ]; then eval "find $e -maxdepth 0 -type d -empty -print0" 2>/dev/null || true; fi
+  if [ -n "$r" ]; then eval "find $r -mindepth 1 -print0"; fi
+  if [ -n "$d" ]; then eval "printf '%s\0' $d"; eval "find $d -mindepth 1 -type d -empty -print0"; fi
 } | tar -c -f - --format=gnu --null --verbatim-files-from --no-recursion -T -
-`
-
-// changesScript lists, NUL-separated, what changed between HEAD ($2), the
-// index's tree ($3) and the work tree's ($4): a section name ("HI", "HW",
-// "IW"), then that pair's `git diff-tree --raw` entries (":modes hashes
-// status", path). Tree diffs read only the trees along changed paths.
-const changesScript = `set -e
-cd "$1"
-for pair in "HI $2 $3" "HW $2 $4" "IW $3 $4"; do
-  set -- $pair
-  printf '%s\0' "$1"
-  git diff-tree -r -z --no-renames --raw "$2" "$3"
-done
 `
 
 // stageScript writes stdin to the file $1.
