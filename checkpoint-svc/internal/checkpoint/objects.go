@@ -25,7 +25,7 @@ import (
 // derived from the vault key, so the store learns nothing from the names.
 //
 // Chunk sizes are per part kind. Diffs and patches are text that changes
-// a little between checkpoints: small chunks (~6 KiB) keep what a small
+// a little between checkpoints: small chunks (~3 KiB) keep what a small
 // edit re-stores small. Tarballs of untracked and conversation files grow
 // by appends: medium chunks (~40 KiB) keep the manifest's object list
 // short for tens of MB. Bundles are new content every time: large chunks
@@ -33,7 +33,7 @@ import (
 type chunking struct{ min, mask, max int }
 
 var (
-	smallChunks  = chunking{min: 2 << 10, mask: 1<<12 - 1, max: 64 << 10}
+	smallChunks  = chunking{min: 1 << 10, mask: 1<<11 - 1, max: 32 << 10}
 	mediumChunks = chunking{min: 8 << 10, mask: 1<<15 - 1, max: 256 << 10}
 	largeChunks  = chunking{min: 64 << 10, mask: 1<<18 - 1, max: 1 << 20}
 )
