@@ -83,7 +83,7 @@ if [ -f "$idx" ]; then
 fi
 git ls-files -z --others --exclude-standard --directory > "$lst" &
 scan=$!
-if [ "$ctype" = tree ]; then itree="$ctree"; else
+if [ "$ctype" = tree ] && [ "$tmp" -ef "$stamp" ]; then itree="$ctree"; else
   itree="$(GIT_INDEX_FILE="$tmp" git write-tree 2>/dev/null)" || itree=-
   if [ "$itree" != - ] && [ "$idx" -ef "$stamp" ]; then echo "$itree" > "$stamp.tree" || true; fi
 fi
