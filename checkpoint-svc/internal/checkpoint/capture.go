@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"path"
 	"regexp"
 	"slices"
@@ -241,20 +242,11 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	// of a small capture is waiting on git in the sandbox and on the store.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var (
-		mu       sync.Mutex // guards stored
-		warnings []*checkpointv1.Warning
-		stored   int64
-	)
+	var warnings []*checkpointv1.Warning
 	// capturePart runs argvs one after the other into one part (none: the
 	// part is empty); a command exiting with one of allowed yields no part.
-	capturePart := func(kind checkpointv1.PartKind, limit int64, env map[string]string, stdin []byte, argvs [][]string, allowed ...int) (*checkpointv1.Part, *checkpointv1.Warning, error) {
-		pw := newPartWriter(ctx, e.opt.Store, dk, e.idKey, kind, limit, e.known)
-		defer func() {
-			mu.Lock()
-			stored += pw.stored
-			mu.Unlock()
-		}()
+	// pw receives the part; its stored bytes count whatever happened.
+	capturePart := func(pw *partWriter, kind checkpointv1.PartKind, limit int64, env map[string]string, stdin []byte, argvs [][]string, allowed ...int) (*checkpointv1.Part, *checkpointv1.Warning, error) {
 		var (
 			code int
 			err  error
@@ -312,10 +304,7 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	for _, r := range pr.refs {
 		positive = append(positive, "refs/heads/"+r.Name)
 	}
-	bundleEnv := map[string]string{"HANGAR_EXCLUDE": strings.Join(exclude, " ")}
-	for k, v := range gitEnv {
-		bundleEnv[k] = v
-	}
+	bundleEnv := withGitEnv(map[string]string{"HANGAR_EXCLUDE": strings.Join(exclude, " ")})
 
 	git := func(args ...string) []string {
 		return append(append([]string{"git", "-C", wd}, diffArgs...), args...)
@@ -369,12 +358,14 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	got := make([]*checkpointv1.Part, len(steps))
 	warned := make([]*checkpointv1.Warning, len(steps))
 	errs := make([]error, len(steps))
+	writers := make([]*partWriter, len(steps))
 	var wg sync.WaitGroup
 	for i, st := range steps {
+		writers[i] = newPartWriter(ctx, e.opt.Store, dk, e.idKey, st.kind, st.limit, e.known)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[i], warned[i], errs[i] = capturePart(st.kind, st.limit, st.env, st.stdin, st.argvs, st.allowed...)
+			got[i], warned[i], errs[i] = capturePart(writers[i], st.kind, st.limit, st.env, st.stdin, st.argvs, st.allowed...)
 			if errs[i] != nil {
 				cancel()
 			}
@@ -383,6 +374,10 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	wg.Wait()
 	if err := firstCause(errs); err != nil {
 		return nil, err
+	}
+	var stored int64
+	for _, pw := range writers {
+		stored += pw.stored
 	}
 	// The chain first, oldest bundle first, then this capture's own.
 	parts := append([]*checkpointv1.Part(nil), chain...)
@@ -526,13 +521,13 @@ func sameContent(prev, m *manifest) bool {
 
 // literalEnv is gitEnv with pathspecs taken literally: the paths a tree
 // diff names are file names, whatever bytes they hold.
-var literalEnv = func() map[string]string {
-	env := map[string]string{"GIT_LITERAL_PATHSPECS": "1"}
-	for k, v := range gitEnv {
-		env[k] = v
-	}
+var literalEnv = withGitEnv(map[string]string{"GIT_LITERAL_PATHSPECS": "1"})
+
+// withGitEnv adds gitEnv to env and returns it.
+func withGitEnv(env map[string]string) map[string]string {
+	maps.Copy(env, gitEnv)
 	return env
-}()
+}
 
 // maxPathspecBytes bounds the paths a tree diff names on its command line;
 // past it the work tree's diff is git diff's over the index and the work

@@ -37,19 +37,8 @@ func (h *Handler) forwardHeld(w http.ResponseWriter, r *http.Request, c *call, b
 	if leader != nil {
 		defer leader()
 	}
-	up, err := h.upstreamRequest(r, c.p, c.path, body)
-	if err != nil {
-		c.failure = "bad upstream URL"
-		writeError(w, c.p, http.StatusBadGateway, errAPI, "hangar gateway: bad upstream URL")
-		return
-	}
-	resp, err := h.o.Client.Do(up)
-	if err != nil {
-		c.failure = "upstream unreachable: " + err.Error()
-		c.step.Response = &gatewayv1.StepResponse{Status: http.StatusBadGateway, Body: errorBody(c.p, errAPI, "hangar gateway: upstream unreachable")}
-		if ctx.Err() == nil {
-			writeError(w, c.p, http.StatusBadGateway, errAPI, "hangar gateway: upstream unreachable")
-		}
+	resp := h.send(w, r, c, body)
+	if resp == nil {
 		return
 	}
 	defer resp.Body.Close()

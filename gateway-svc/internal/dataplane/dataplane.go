@@ -427,22 +427,32 @@ func copyHeaders(dst, src http.Header) {
 	}
 }
 
-// forward sends the call upstream and streams the answer back.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, c *call, body []byte, leader func()) {
-	ctx := r.Context()
+// send sends the call upstream. On failure it records the failure on the
+// call, answers the harness (unless it went away) and returns nil.
+func (h *Handler) send(w http.ResponseWriter, r *http.Request, c *call, body []byte) *http.Response {
 	up, err := h.upstreamRequest(r, c.p, c.path, body)
 	if err != nil {
 		c.failure = "bad upstream URL"
 		writeError(w, c.p, http.StatusBadGateway, errAPI, "hangar gateway: bad upstream URL")
-		return
+		return nil
 	}
 	resp, err := h.o.Client.Do(up)
 	if err != nil {
 		c.failure = "upstream unreachable: " + err.Error()
 		c.step.Response = &gatewayv1.StepResponse{Status: http.StatusBadGateway, Body: errorBody(c.p, errAPI, "hangar gateway: upstream unreachable")}
-		if ctx.Err() == nil {
+		if r.Context().Err() == nil {
 			writeError(w, c.p, http.StatusBadGateway, errAPI, "hangar gateway: upstream unreachable")
 		}
+		return nil
+	}
+	return resp
+}
+
+// forward sends the call upstream and streams the answer back.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, c *call, body []byte, leader func()) {
+	ctx := r.Context()
+	resp := h.send(w, r, c, body)
+	if resp == nil {
 		return
 	}
 	defer resp.Body.Close()
