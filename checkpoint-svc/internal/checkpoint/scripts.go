@@ -190,7 +190,8 @@ const stageScript = `cat > "$1"`
 // staged parts in $2: unbundle the chain in order, set the branches, check
 // out HEAD, drop untracked files the sandbox had, apply the index and the
 // work tree diffs. $3 is the branch to check out ("-" for a detached HEAD)
-// and $4 the commit.
+// and $4 the commit. The tracked files end up dated two seconds back, with
+// the index refreshed.
 const restoreScript = `set -e
 cd "$1"; st="$2"
 for b in "$st"/bundle-*; do
@@ -203,6 +204,14 @@ git clean -q -f -d
 # A diff may hold no patch, only lines like "* Unmerged path x".
 if grep -q '^diff --git ' "$st/index.diff" 2>/dev/null; then git apply --cached --binary "$st/index.diff"; fi
 if grep -q '^diff --git ' "$st/worktree.diff" 2>/dev/null; then git apply --binary "$st/worktree.diff"; fi
+# The checkout wrote the files in the second it wrote the index: git takes
+# such entries for "racily clean" and reads every one again at each status
+# until the index is written in a later second (and a copy of this sandbox
+# by overlay would copy each one up to do so). Dated two seconds back, with
+# the index refreshed (each file read once, against the index), none is.
+t=$(( $(date +%s) - 2 ))
+git ls-files -z | xargs -0 -r touch -c -h -d "@$t" -- 2>/dev/null || true
+git update-index -q --refresh >/dev/null 2>&1 || true
 `
 
 // symlinkScript lists the symbolic links in the work tree (outside .git).

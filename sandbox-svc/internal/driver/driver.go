@@ -72,6 +72,10 @@ type Info struct {
 	BaseCommit string
 	Egress     Egress
 	CreatedAt  time.Time
+	// Layered: the work tree and home are overlays of a read-only layer
+	// shared with other sandboxes (a Copier's copy that shares the
+	// source's files, or a source that has been copied so).
+	Layered bool
 }
 
 // ExecRequest runs one command. Argv is run directly, not through a shell.

@@ -719,7 +719,7 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 	s.mu.Unlock()
 	s.log.Info("sandbox leased", slog.String("sandbox", id), slog.String("environment", env.Name),
 		slog.String("holder", holder), slog.Bool("from_pool", fromPool), slog.String("copy_of", req.GetCopyOf()))
-	return &sandboxv1.AcquireSandboxResponse{Sandbox: e.proto(), Lease: leaseToProto(l, id)}, nil
+	return &sandboxv1.AcquireSandboxResponse{Sandbox: e.proto(), Lease: leaseToProto(l, id), SharedCopy: req.GetCopyOf() != "" && sb.Info().Layered}, nil
 }
 
 // RenewLease extends a lease.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -357,6 +358,24 @@ func TestAcquireCopy(t *testing.T) {
 	want := "work\nhello\n" + src.GetSandbox().GetHomeDir() + "\n"
 	if err != nil || res.stdout != want {
 		t.Errorf("copy holds %q (%v), want %q", res.stdout, err, want)
+	}
+	// Shared where the copy is an overlay mount, and only then.
+	if shared := cp.GetSharedCopy(); shared != drivertest.MountPoint(t, filepath.Dir(sb.GetWorkDir())) {
+		t.Errorf("shared_copy = %v, but the copy's work tree is mounted: %v", shared, !shared)
+	}
+	// Once the source has written a file, a copy of it can't share.
+	if res, err := execOnce(t, e.client, sid, stok, "", "sh", "-c", `echo more >> new.txt`); err != nil || res.exit.GetExitCode() != 0 {
+		t.Fatalf("exec: %+v %v", res, err)
+	}
+	cp2, err := e.client.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{Holder: "session/c", WorkKey: "c", CopyOf: sid, CopyOfFencingToken: stok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp2.GetSharedCopy() {
+		t.Error("a copy of a source written to since it was shared says it shares its files")
+	}
+	if res, err := execOnce(t, e.client, cp2.GetSandbox().GetId(), cp2.GetLease().GetFencingToken(), "", "cat", "new.txt"); err != nil || res.stdout != "work\nmore\n" {
+		t.Errorf("second copy holds %+v %v", res, err)
 	}
 	if _, err := e.client.ReleaseSandbox(ctx, &sandboxv1.ReleaseSandboxRequest{SandboxId: sid, FencingToken: stok}); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
@@ -98,6 +99,16 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A name taken is refused before anything is made.
+	for _, name := range names {
+		_, err := m.d.Store.GetSession(ctx, name)
+		switch {
+		case err == nil:
+			return nil, fault.AlreadyExists("SESSION_EXISTS", "session %q already exists: pick other fork names with --name", name)
+		case !errors.Is(err, store.ErrNotFound):
+			return nil, fmt.Errorf("load session %s: %w", name, err)
+		}
+	}
 	m.mu.Lock()
 	_, turnHere := m.turns[in.Parent]
 	m.mu.Unlock()
@@ -133,28 +144,55 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 	}
 
 	out := &Fork{Checkpoint: cp.GetId()}
-	for i, name := range names {
-		s, err := m.createFork(ctx, parent, cp, name, fmt.Sprintf("%s-fork-%d", parent.Branch, i+1), in)
-		if err != nil {
-			return out, err
+	created := make([]*store.Session, len(names))
+	errs := make([]error, len(names))
+	create := func(i int) {
+		created[i], errs[i] = m.createFork(ctx, parent, cp, names[i], fmt.Sprintf("%s-fork-%d", parent.Branch, i+1), in)
+	}
+	// The records are independent: made together, they take about as long
+	// as one. Forks booted together (one restore, copies of it) start
+	// booting the first while the others' records are made.
+	boot := in.Boot || (in.Message != "" && len(names) > 1)
+	var opened []*store.Session
+	var openErrs []error
+	var wg sync.WaitGroup
+	rest := 0
+	if boot {
+		create(0)
+		if errs[0] != nil {
+			return out, errs[0]
 		}
-		out.Sessions = append(out.Sessions, s)
+		rest = 1
 	}
-
-	names = names[:0]
-	for _, s := range out.Sessions {
-		names = append(names, s.Name)
+	for i := rest; i < len(names); i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			create(i)
+		}()
 	}
-	if in.Message != "" && len(names) > 1 {
-		// Boot them together (one restore, copies of it); a fork that
-		// fails to open boots again on its own for its turn.
-		opened, errs := m.openForks(ctx, names)
-		for i, err := range errs {
-			if err != nil {
-				m.log.WarnContext(ctx, "fork not opened before its turn", "session", names[i], "error", err)
-			} else if opened[i] != nil {
-				out.Sessions[i] = opened[i]
-			}
+	if boot {
+		opened, openErrs = m.openForks(ctx, names, func() []error {
+			wg.Wait()
+			return errs
+		})
+	}
+	wg.Wait()
+	for i := range names {
+		if errs[i] == nil {
+			out.Sessions = append(out.Sessions, created[i])
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return out, err
+	}
+	for i, err := range openErrs {
+		switch {
+		case err != nil && in.Message != "":
+			// It boots again on its own for its turn.
+			m.log.WarnContext(ctx, "fork not opened before its turn", "session", names[i], "error", err)
+		case opened[i] != nil:
+			out.Sessions[i] = opened[i]
 		}
 	}
 	switch {
@@ -170,13 +208,7 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 			}
 		}
 	case in.Boot:
-		opened, errs := m.openForks(ctx, names)
-		for i := range opened {
-			if opened[i] != nil {
-				out.Sessions[i] = opened[i]
-			}
-		}
-		if err := errors.Join(errs...); err != nil {
+		if err := errors.Join(openErrs...); err != nil {
 			return out, err
 		}
 	}

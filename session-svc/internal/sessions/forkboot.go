@@ -20,14 +20,19 @@ import (
 // others get a copy of its sandbox (the sandbox service's copy_of), each
 // moved onto its own branch and conversation paths and verified against
 // the same tree hash. A fork whose copy can't be made or doesn't verify is
-// booted on its own. The result and errors are per session.
-func (m *Manager) openForks(ctx context.Context, names []string) ([]*store.Session, []error) {
+// booted on its own. The result and errors are per session. With rest,
+// only the first fork's record need exist yet: its boot starts, then rest
+// waits for the others' (its errors, per session, are theirs).
+func (m *Manager) openForks(ctx context.Context, names []string, rest func() []error) ([]*store.Session, []error) {
 	out := make([]*store.Session, len(names))
 	errs := make([]error, len(names))
 	sessions := make([]*store.Session, len(names))
 	first := -1
-	for i, name := range names {
-		s, up, err := m.beginOpen(ctx, name)
+	var src *booted
+	var srcErr error
+	booting := make(chan struct{})
+	begin := func(i int) {
+		s, up, err := m.beginOpen(ctx, names[i])
 		switch {
 		case err != nil:
 			errs[i] = err
@@ -40,10 +45,33 @@ func (m *Manager) openForks(ctx context.Context, names []string) ([]*store.Sessi
 			}
 		}
 	}
-	if first < 0 {
-		return out, errs
+	begin(0)
+	if first == 0 {
+		go func() {
+			defer close(booting)
+			src, srcErr = m.prepare(ctx, sessions[0])
+		}()
+	} else {
+		close(booting)
 	}
-	src, srcErr := m.prepare(ctx, sessions[first])
+	var restErrs []error
+	if rest != nil {
+		restErrs = rest()
+	}
+	for i := 1; i < len(names); i++ {
+		if i < len(restErrs) && restErrs[i] != nil {
+			errs[i] = restErrs[i]
+			continue
+		}
+		begin(i)
+	}
+	<-booting
+	switch {
+	case first < 0:
+		return out, errs
+	case first > 0:
+		src, srcErr = m.prepare(ctx, sessions[first])
+	}
 	var wg sync.WaitGroup
 	prepared := make([]*booted, len(names))
 	for i, s := range sessions {
@@ -83,8 +111,9 @@ var errNoCopy = errors.New("not copyable")
 // prepareCopy prepares s's sandbox as a copy of src, the sandbox prepared
 // for srcSession from a checkpoint holding the same work (forks of one
 // checkpoint): the copy's branch is renamed to s's, the conversation files
-// moved to where s's harness looks for them, and its work tree's hash must
-// be the one src's restore verified. On failure the copy is released.
+// moved to where s's harness looks for them, and, unless the copy shares
+// src's files (the sandbox service says so), its work tree's hash must be
+// the one src's restore verified. On failure the copy is released.
 func (m *Manager) prepareCopy(ctx context.Context, s, srcSession *store.Session, src *booted) (*booted, error) {
 	cps, err := m.Checkpoints(ctx, s.Name)
 	if err != nil {
@@ -115,7 +144,11 @@ func (m *Manager) prepareCopy(ctx context.Context, s, srcSession *store.Session,
 		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token)
 		return nil, err
 	}
-	args := []string{"sh", "-c", forkCopyScript, "sh", b.sb.GetWorkDir(), srcSession.Branch, s.Branch}
+	verify := "verify"
+	if acq.GetSharedCopy() {
+		verify = "shared"
+	}
+	args := []string{"sh", "-c", forkCopyScript, "sh", b.sb.GetWorkDir(), srcSession.Branch, s.Branch, verify}
 	had, want := conversationTargets(src.sb, from), conversationTargets(b.sb, cp)
 	for i := range had {
 		moved, ok := movePath(had[i], src.sb, b.sb)
@@ -130,7 +163,7 @@ func (m *Manager) prepareCopy(ctx context.Context, s, srcSession *store.Session,
 	if err := m.run(ctx, b.sb.GetId(), b.token, args, &out); err != nil {
 		return fail(fmt.Errorf("move the copy to %s: %w", s.Name, err))
 	}
-	if got := strings.TrimSpace(out.String()); got != src.tree {
+	if got := strings.TrimSpace(out.String()); !acq.GetSharedCopy() && got != src.tree {
 		return fail(fmt.Errorf("copied work tree of %s: tree %s, want %s", s.Name, got, src.tree))
 	}
 	b.tree = src.tree
@@ -170,23 +203,27 @@ func movePath(p string, a, b *sandboxv1.Sandbox) (string, bool) {
 
 // forkCopyScript turns a copy of a sibling fork's sandbox into this fork's:
 // in work tree $1, rename the branch $2 (checked out) to $3, move each pair
-// of paths ($4 to $5, ...; one the restore did not make is skipped), then
-// print the work tree's hash the way the checkpoint service does (a copy
-// of the index with ` + "`add -A`" + `, write-tree). Every file is hashed again (a
-// copy's stat data is not the index's), so the copy is checked byte for
-// byte. As few processes as can be: this runs once per fork.
+// of paths ($5 to $6, ...; one the restore did not make is skipped), then,
+// unless $4 is "shared" (the copy shares the sibling's files, so it holds
+// them by construction), print the work tree's hash the way the checkpoint
+// service does (a copy of the index with ` + "`add -A`" + `, write-tree): every file
+// is hashed again (a copy's stat data is not the index's), so the copy is
+// checked byte for byte. As few processes as can be: this runs once per
+// fork.
 const forkCopyScript = `set -e
 cd "$1"
 git branch -m "$2" "$3"
-shift 3
+verify="$4"
+shift 4
 while [ $# -ge 2 ]; do
   if [ -e "$1" ]; then
     [ ! -e "$2" ] || { echo "$2 exists" >&2; exit 1; }
-    mkdir -p "${2%/*}"
+    [ -d "${2%/*}" ] || mkdir -p "${2%/*}"
     mv "$1" "$2"
   fi
   shift 2
 done
+[ "$verify" != shared ] || exit 0
 tmp="$(git rev-parse --absolute-git-dir)/hangar-tree-index.$$"
 trap 'rm -f "$tmp"' EXIT
 cp -p "${tmp%/*}/index" "$tmp"

@@ -577,9 +577,14 @@ func (x *AcquireSandboxRequest) GetCopyOfFencingToken() uint64 {
 }
 
 type AcquireSandboxResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
-	Lease         *Lease                 `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Lease   *Lease                 `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
+	// With copy_of: true when the copy shares the source's files until
+	// either sandbox writes one (overlays of one read-only layer), so it
+	// holds what the source held by construction; false when its files were
+	// copied one by one.
+	SharedCopy    bool `protobuf:"varint,3,opt,name=shared_copy,json=sharedCopy,proto3" json:"shared_copy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -626,6 +631,13 @@ func (x *AcquireSandboxResponse) GetLease() *Lease {
 		return x.Lease
 	}
 	return nil
+}
+
+func (x *AcquireSandboxResponse) GetSharedCopy() bool {
+	if x != nil {
+		return x.SharedCopy
+	}
+	return false
 }
 
 type RenewLeaseRequest struct {
@@ -2225,10 +2237,12 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\x15copy_of_fencing_token\x18\t \x01(\x04R\x12copyOfFencingToken\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"~\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x01\n" +
 	"\x16AcquireSandboxResponse\x124\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1a.hangar.sandbox.v1.SandboxR\asandbox\x12.\n" +
-	"\x05lease\x18\x02 \x01(\v2\x18.hangar.sandbox.v1.LeaseR\x05lease\"x\n" +
+	"\x05lease\x18\x02 \x01(\v2\x18.hangar.sandbox.v1.LeaseR\x05lease\x12\x1f\n" +
+	"\vshared_copy\x18\x03 \x01(\bR\n" +
+	"sharedCopy\"x\n" +
 	"\x11RenewLeaseRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +

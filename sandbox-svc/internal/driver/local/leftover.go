@@ -123,6 +123,13 @@ func (d *Driver) RemoveLeftover(lo Leftover) (bool, error) {
 	if err := removeAll(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return false, fmt.Errorf("remove leftover sandbox %s: %w", dir, err)
 	}
+	if err := removeAll(d.upperOf(lo.Key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("remove leftover sandbox %s: %w", dir, err)
+	}
+	// The layers only leftovers mounted go with them.
+	if err := d.sweepLayers(); err != nil {
+		return true, fmt.Errorf("remove unused sandbox layers: %w", err)
+	}
 	return true, nil
 }
 

@@ -91,3 +91,75 @@ func TestLeftovers(t *testing.T) {
 		t.Errorf("live sandbox after RemoveLeftover: %v", err)
 	}
 }
+
+// Copies an earlier process left mounted over a layer: the layer stays
+// while a leftover mounts it, and goes with the last of them; a new
+// driver's copies work beside them.
+func TestLeftoverCopies(t *testing.T) {
+	repo, _ := drivertest.NewRepo(t, map[string]string{"a": "b"})
+	root := t.TempDir()
+	crashed, err := local.New(local.Options{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, err := crashed.Create(ctx, driver.Spec{ID: "sb-src", WorkKey: "fork-1", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := crashed.Copy(ctx, src, driver.Spec{ID: "sb-cp", WorkKey: "fork-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !drivertest.MountPoint(t, filepath.Dir(cp.Info().WorkDir)) {
+		if overlaySupported(t) {
+			t.Fatal("the copy is not mounted, though this machine mounts overlays")
+		}
+		crashed.Close()
+		for _, sb := range []driver.Sandbox{src, cp} {
+			sb.Destroy(ctx)
+		}
+		t.Skip("no overlay mount here (needs root and overlayfs)")
+	}
+	crashed.Close()
+
+	d, err := local.New(local.Options{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	layers := func() []string {
+		l, _ := filepath.Glob(filepath.Join(d.Dir(), ".layers", "*"))
+		return l
+	}
+	if len(layers()) != 1 {
+		t.Fatalf("layers after a restart: %v, want the one the leftovers mount", layers())
+	}
+	got, err := d.Leftovers()
+	if err != nil || len(got) != 2 {
+		t.Fatalf("leftovers = %+v, %v; want the source and its copy", got, err)
+	}
+	if ok, err := d.RemoveLeftover(got[0]); !ok || err != nil {
+		t.Fatalf("RemoveLeftover(%s) = %v, %v", got[0].Key, ok, err)
+	}
+	if len(layers()) != 1 {
+		t.Fatalf("layers with one leftover mounting it: %v", layers())
+	}
+	if b, err := os.ReadFile(filepath.Join(got[1].Dir, "work", "a")); err != nil || string(b) != "b" {
+		t.Errorf("the other leftover's file: %q, %v", b, err)
+	}
+	if ok, err := d.RemoveLeftover(got[1]); !ok || err != nil {
+		t.Fatalf("RemoveLeftover(%s) = %v, %v", got[1].Key, ok, err)
+	}
+	if len(layers()) != 0 {
+		t.Errorf("layers with no leftover: %v", layers())
+	}
+	if uppers, _ := filepath.Glob(filepath.Join(d.Dir(), ".upper", "*")); len(uppers) != 0 {
+		t.Errorf("upper directories with no leftover: %v", uppers)
+	}
+	for _, lo := range got {
+		if _, err := os.Stat(lo.Dir); !os.IsNotExist(err) {
+			t.Errorf("%s after RemoveLeftover: %v", lo.Dir, err)
+		}
+	}
+}

@@ -33,6 +33,9 @@ type Options struct {
 	Logger  *slog.Logger
 	// Now is the clock for CreatedAt.
 	Now func() time.Time
+	// CopyFiles makes Copy copy every file even where it could mount an
+	// overlay (see overlay.go).
+	CopyFiles bool
 }
 
 // Driver is the local driver.
@@ -40,9 +43,11 @@ type Driver struct {
 	opts Options
 	dir  string
 
-	mu   sync.Mutex
-	keys map[string]*Sandbox // live sandboxes by directory key
-	lock *os.File            // flock on the sandboxes directory; nil after Close
+	mu        sync.Mutex
+	keys      map[string]*Sandbox // live sandboxes by directory key
+	layers    map[string]*layer   // layers in use, by directory
+	noOverlay bool                // an overlay mount failed: copies copy files
+	lock      *os.File            // flock on the sandboxes directory; nil after Close
 }
 
 // New returns a local driver keeping its sandboxes under opts.Root. It takes
@@ -66,7 +71,11 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("local driver: %w", err)
 	}
-	return &Driver{opts: opts, dir: dir, keys: map[string]*Sandbox{}, lock: lock}, nil
+	d := &Driver{opts: opts, dir: dir, keys: map[string]*Sandbox{}, layers: map[string]*layer{}, lock: lock}
+	if err := d.sweepLayers(); err != nil {
+		opts.Logger.Warn("unused sandbox layers not removed", "error", err)
+	}
+	return d, nil
 }
 
 // Name returns "local".
@@ -103,7 +112,7 @@ func (d *Driver) releaseKey(key string, sb *Sandbox) {
 
 // Create clones the repository, runs setup and returns the sandbox.
 func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Sandbox, error) {
-	return d.create(ctx, spec, func(sb *Sandbox) error {
+	return d.create(ctx, spec, nil, func(sb *Sandbox) error {
 		commit, err := sb.clone(ctx)
 		if err != nil {
 			return err
@@ -119,10 +128,12 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Sandbox, 
 }
 
 // Copy makes a sandbox whose work tree and home are copies of src's (see
-// driver.Copier). Git's object files (never written in place, only added
-// and removed) are hard-linked; every other file is copied, so nothing
-// written in one sandbox shows in the other. src's environment, repository
-// and base commit carry over; spec gives the id, work key and egress.
+// driver.Copier): overlays of one read-only layer where this machine can
+// mount them (overlay.go), else copies of the files, with git's object
+// files (never written in place, only added and removed) hard-linked.
+// Either way nothing written in one sandbox shows in the other. src's
+// environment, repository and base commit carry over; spec gives the id,
+// work key and egress.
 func (d *Driver) Copy(ctx context.Context, src driver.Sandbox, spec driver.Spec) (driver.Sandbox, error) {
 	from, ok := src.(*Sandbox)
 	if !ok || from.d != d {
@@ -137,7 +148,17 @@ func (d *Driver) Copy(ctx context.Context, src driver.Sandbox, spec driver.Spec)
 	from.mu.Unlock()
 	own := from.spec
 	own.ID, own.WorkKey, own.Egress = spec.ID, spec.WorkKey, spec.Egress
-	return d.create(ctx, own, func(sb *Sandbox) error {
+	if l := d.sharedLayer(from); l != nil {
+		sb, err := d.create(ctx, own, l, func(sb *Sandbox) error {
+			sb.baseCommit = from.baseCommit
+			return nil
+		})
+		if err == nil || errors.Is(err, driver.ErrInUse) || ctx.Err() != nil {
+			return sb, err
+		}
+		d.opts.Logger.Warn("sandbox copy not mounted; copying its files", "sandbox", spec.ID, "error", err)
+	}
+	return d.create(ctx, own, nil, func(sb *Sandbox) error {
 		for _, sub := range []string{"work", "home"} {
 			if err := copyTree(ctx, filepath.Join(srcDir, sub), filepath.Join(sb.dir, sub)); err != nil {
 				return fmt.Errorf("copy sandbox %s: %w", from.spec.ID, err)
@@ -149,8 +170,18 @@ func (d *Driver) Copy(ctx context.Context, src driver.Sandbox, spec driver.Spec)
 }
 
 // create makes the sandbox directory, its network namespace (egress none)
-// and fills the work tree and home with fill.
-func (d *Driver) create(ctx context.Context, spec driver.Spec, fill func(*Sandbox) error) (driver.Sandbox, error) {
+// and fills the work tree and home with fill; with l, a layer to mount
+// (whose reference create takes over, released on error), they are the
+// layer's before fill.
+func (d *Driver) create(ctx context.Context, spec driver.Spec, l *layer, fill func(*Sandbox) error) (driver.Sandbox, error) {
+	ok := false
+	defer func() {
+		if !ok && l != nil {
+			if err := d.releaseLayer(l); err != nil {
+				d.opts.Logger.Warn("sandbox layer not removed", "error", err)
+			}
+		}
+	}()
 	if spec.ID == "" {
 		return nil, errors.New("local driver: spec.ID is required")
 	}
@@ -164,7 +195,6 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, fill func(*Sandbo
 	}
 	sb.key = key
 	sb.dir = filepath.Join(d.dir, key)
-	ok := false
 	defer func() {
 		if !ok {
 			sb.teardown()
@@ -172,16 +202,31 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, fill func(*Sandbo
 	}()
 	// A leftover directory of a sandbox from an earlier run is stale: the
 	// session restores from its checkpoint, never from a leftover tree.
-	if err := os.RemoveAll(sb.dir); err != nil {
+	if err := removeAll(sb.dir); err != nil {
 		return nil, fmt.Errorf("remove stale sandbox dir: %w", err)
 	}
-	for _, p := range []string{sb.workDir(), sb.homeDir()} {
-		if err := os.MkdirAll(p, 0o755); err != nil {
+	m := marker{ID: spec.ID, Environment: spec.Environment}
+	if l != nil {
+		if err := os.Mkdir(sb.dir, 0o755); err != nil {
 			return nil, err
 		}
-	}
-	if err := writeMarker(sb.dir, marker{ID: spec.ID, Environment: spec.Environment}); err != nil {
-		return nil, err
+		if err := d.mountLayer(sb.dir, key, l, m); err != nil {
+			return nil, err
+		}
+		// The sandbox holds the reference now: its teardown releases it.
+		sb.layerMu.Lock()
+		sb.layer = l
+		sb.layerMu.Unlock()
+		l = nil
+	} else {
+		for _, p := range []string{sb.workDir(), sb.homeDir()} {
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				return nil, err
+			}
+		}
+		if err := writeMarker(sb.dir, m); err != nil {
+			return nil, err
+		}
 	}
 	if spec.Egress == driver.EgressNone {
 		ns, err := newNetNS()

@@ -16,7 +16,13 @@ import (
 
 func newDriver(t *testing.T, gw local.Gateway) *local.Driver {
 	t.Helper()
-	d, err := local.New(local.Options{Root: t.TempDir(), Gateway: gw})
+	return newDriverOpts(t, local.Options{Gateway: gw})
+}
+
+func newDriverOpts(t *testing.T, opts local.Options) *local.Driver {
+	t.Helper()
+	opts.Root = t.TempDir()
+	d, err := local.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

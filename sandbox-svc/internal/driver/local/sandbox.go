@@ -30,6 +30,11 @@ type Sandbox struct {
 	baseCommit string
 	createdAt  time.Time
 
+	// layerMu guards layer: the read-only layer this sandbox's work tree
+	// and home are overlays of (overlay.go); nil for plain directories.
+	layerMu sync.Mutex
+	layer   *layer
+
 	mu        sync.Mutex
 	thawed    *sync.Cond // on mu: signalled when copying drops to 0
 	key       string
@@ -79,11 +84,14 @@ func (sb *Sandbox) homeDir() string { return filepath.Join(sb.dir, "home") }
 
 // Info describes the sandbox.
 func (sb *Sandbox) Info() driver.Info {
+	sb.layerMu.Lock()
+	layered := sb.layer != nil
+	sb.layerMu.Unlock()
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	return driver.Info{
 		ID: sb.spec.ID, WorkKey: sb.key, WorkDir: sb.workDir(), HomeDir: sb.homeDir(),
-		BaseCommit: sb.baseCommit, Egress: sb.spec.Egress, CreatedAt: sb.createdAt,
+		BaseCommit: sb.baseCommit, Egress: sb.spec.Egress, CreatedAt: sb.createdAt, Layered: layered,
 	}
 }
 
@@ -447,6 +455,12 @@ func (t *terminal) Kill() error {
 
 // Relocate moves an idle sandbox to the directory of workKey.
 func (sb *Sandbox) Relocate(ctx context.Context, workKey string) error {
+	// A mounted sandbox's upper directory is named by its key.
+	sb.layerMu.Lock()
+	defer sb.layerMu.Unlock()
+	if sb.layer != nil {
+		return errors.New("relocate: the sandbox is mounted over a layer")
+	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.destroyed {
@@ -523,9 +537,16 @@ func (sb *Sandbox) teardown() error {
 	if sb.ns != nil {
 		_ = sb.ns.Close()
 	}
+	sb.layerMu.Lock()
+	l := sb.layer
+	sb.layer = nil
+	sb.layerMu.Unlock()
 	var err error
 	if dir != "" {
 		err = removeAll(dir)
+	}
+	if l != nil {
+		err = errors.Join(err, removeAll(sb.d.upperOf(key)), sb.d.releaseLayer(l))
 	}
 	if key != "" {
 		sb.d.releaseKey(key, sb)
@@ -533,9 +554,13 @@ func (sb *Sandbox) teardown() error {
 	return err
 }
 
-// removeAll removes dir, first making directories writable if a process
-// left one read-only.
+// removeAll removes dir, first unmounting what is mounted in it (a copy's
+// overlays) and making directories writable if a process left one
+// read-only.
 func removeAll(dir string) error {
+	if err := unmountUnder(dir); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(dir); err == nil {
 		return nil
 	}

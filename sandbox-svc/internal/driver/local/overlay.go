@@ -1,0 +1,344 @@
+package local
+
+// Copies by overlay. A copy of a sandbox shares its files instead of
+// copying them: the source's work tree and home become a read-only layer
+// (moved, not copied, to <sandboxes>/.layers/<id>), and the source and
+// each copy mount an overlay of that layer on their sandbox directory,
+// with an upper directory of their own (<sandboxes>/.upper/<key>), so a
+// file is copied only when a sandbox writes it, and then only into that
+// sandbox. Creating files is what a copy costs (on some disks most of a
+// millisecond each); a mount costs the same however big the tree. Inode
+// numbers and times are the layer's (one filesystem), so git's stat cache
+// of the source's index holds in every copy. A layer lives while a sandbox
+// mounts it.
+//
+// Mounting needs CAP_SYS_ADMIN and overlayfs; without them (or with a
+// source that is already a copy someone has written to) a copy copies the
+// files (copyTree).
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// layersDir is the directory under the sandboxes directory holding the
+// layers; not a valid work key, so never a sandbox's.
+const layersDir = ".layers"
+
+// uppersDir is the directory under the sandboxes directory holding each
+// mounted sandbox's upper and work directories, by key; not a valid work
+// key either.
+const uppersDir = ".upper"
+
+// layer is a read-only work tree and home that overlay-mounted sandboxes
+// share.
+type layer struct {
+	dir  string // holds work/ and home/
+	refs int    // sandboxes mounting it, on Driver.mu
+}
+
+// layerSubtrees are the directories of a sandbox that a layer holds.
+var layerSubtrees = []string{"work", "home"}
+
+// overlayOK says whether paths can go in an overlay's mount options
+// (commas and colons separate them; backslashes escape).
+func overlayOK(paths ...string) bool {
+	for _, p := range paths {
+		if strings.ContainsAny(p, ",:\\") {
+			return false
+		}
+	}
+	return true
+}
+
+// upperOf is the directory holding the upper and work directories of the
+// sandbox with key key.
+func (d *Driver) upperOf(key string) string { return filepath.Join(d.dir, uppersDir, key) }
+
+// mountLayer mounts an overlay of l on the sandbox directory dir (empty),
+// its upper directory in d.upperOf(key) holding the marker m. On error
+// nothing stays mounted or made but dir.
+func (d *Driver) mountLayer(dir, key string, l *layer, m marker) error {
+	up := d.upperOf(key)
+	upper, wd := filepath.Join(up, "upper"), filepath.Join(up, "wd")
+	if !overlayOK(l.dir, upper, wd) {
+		return errors.New("overlay: the sandboxes path holds ',' ':' or '\\'")
+	}
+	if err := removeAll(up); err != nil {
+		return err
+	}
+	for _, p := range []string{upper, wd} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := writeMarker(upper, m); err != nil {
+		_ = os.RemoveAll(up)
+		return err
+	}
+	// redirect_dir: a directory of the layer can be renamed (else rename(2)
+	// says EXDEV, which not every program handles).
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on", l.dir, upper, wd)
+	if err := unix.Mount("overlay", dir, "overlay", 0, opts); err != nil {
+		_ = os.RemoveAll(up)
+		return fmt.Errorf("mount overlay on %s: %w", dir, err)
+	}
+	return nil
+}
+
+// unmount unmounts p, detaching it when it is busy (a process killed a
+// moment ago may still hold it).
+func unmount(p string) error {
+	err := unix.Unmount(p, 0)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(p, unix.MNT_DETACH)
+	}
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount %s: %w", p, err)
+	}
+	return nil
+}
+
+// mount is one line of /proc/self/mountinfo.
+type mount struct {
+	point   string
+	fstype  string
+	options string // the superblock's (for an overlay, lowerdir=...)
+}
+
+// mounts lists this process's mounts.
+func mounts() ([]mount, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []mount
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		// id parent major:minor root point options [optional...] - type source super
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i, f := range fields {
+			if f == "-" {
+				sep = i
+				break
+			}
+		}
+		if len(fields) < 5 || sep < 0 || sep+3 >= len(fields) {
+			continue
+		}
+		out = append(out, mount{point: unescapeMountinfo(fields[4]), fstype: fields[sep+1], options: unescapeMountinfo(fields[sep+3])})
+	}
+	return out, sc.Err()
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// unmountUnder unmounts every mount at or below dir, deepest first.
+func unmountUnder(dir string) error {
+	all, err := mounts()
+	if err != nil {
+		return err
+	}
+	var points []string
+	for _, m := range all {
+		if m.point == dir || strings.HasPrefix(m.point, dir+"/") {
+			points = append(points, m.point)
+		}
+	}
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	var errs []error
+	for _, p := range points {
+		if err := unmount(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// layerize turns sb, a plain sandbox, into one mounted over a new layer
+// holding what its work tree and home hold now (moved there, not copied).
+// On error sb is as it was.
+func (d *Driver) layerize(sb *Sandbox) (*layer, error) {
+	sb.mu.Lock()
+	dir, key := sb.dir, sb.key
+	sb.mu.Unlock()
+	m, err := readMarker(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(d.dir, layersDir), 0o755); err != nil {
+		return nil, err
+	}
+	ldir, err := os.MkdirTemp(filepath.Join(d.dir, layersDir), "layer-")
+	if err != nil {
+		return nil, err
+	}
+	l := &layer{dir: ldir, refs: 1}
+	d.mu.Lock()
+	d.layers[ldir] = l
+	d.mu.Unlock()
+	var moved []string
+	undo := func() {
+		for _, sub := range moved {
+			_ = os.Rename(filepath.Join(ldir, sub), filepath.Join(dir, sub))
+		}
+		_ = os.RemoveAll(ldir)
+		d.mu.Lock()
+		delete(d.layers, ldir)
+		d.mu.Unlock()
+	}
+	for _, sub := range layerSubtrees {
+		if err := os.Rename(filepath.Join(dir, sub), filepath.Join(ldir, sub)); err != nil {
+			undo()
+			return nil, err
+		}
+		moved = append(moved, sub)
+	}
+	// The marker stays in dir too, under the mount, for a leftover whose
+	// mount is gone.
+	if err := d.mountLayer(dir, key, l, m); err != nil {
+		undo()
+		return nil, err
+	}
+	return l, nil
+}
+
+// upperEmpty says whether nothing but its marker has been written in the
+// overlay of the sandbox with key key since it was mounted.
+func (d *Driver) upperEmpty(key string) bool {
+	f, err := os.Open(filepath.Join(d.upperOf(key), "upper"))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(3)
+	if err != nil {
+		return false
+	}
+	return len(names) == 1 && names[0] == markerName
+}
+
+// releaseLayer drops sb's reference to its layer; the last one removes it.
+func (d *Driver) releaseLayer(l *layer) error {
+	d.mu.Lock()
+	l.refs--
+	last := l.refs == 0
+	if last {
+		delete(d.layers, l.dir)
+	}
+	d.mu.Unlock()
+	if !last {
+		return nil
+	}
+	return removeAll(l.dir)
+}
+
+// sweepLayers removes the layers that no live sandbox of this driver and no
+// mount (a leftover's) uses, and the upper directories of sandboxes that
+// are neither live nor mounted.
+func (d *Driver) sweepLayers() error {
+	all, err := mounts()
+	if err != nil {
+		return err
+	}
+	used := func(opt, dir string) bool {
+		for _, m := range all {
+			if m.fstype == "overlay" && strings.Contains(","+m.options+",", ","+opt+"="+dir+",") {
+				return true
+			}
+		}
+		return false
+	}
+	var errs []error
+	layers, _ := os.ReadDir(filepath.Join(d.dir, layersDir))
+	for _, ent := range layers {
+		dir := filepath.Join(d.dir, layersDir, ent.Name())
+		d.mu.Lock()
+		_, live := d.layers[dir]
+		d.mu.Unlock()
+		if !live && !used("lowerdir", dir) {
+			if err := removeAll(dir); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	uppers, _ := os.ReadDir(filepath.Join(d.dir, uppersDir))
+	for _, ent := range uppers {
+		d.mu.Lock()
+		_, live := d.keys[ent.Name()]
+		d.mu.Unlock()
+		up := d.upperOf(ent.Name())
+		if !live && !used("upperdir", filepath.Join(up, "upper")) {
+			if err := removeAll(up); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sharedLayer is the layer a copy of src can mount, with a reference taken
+// for the copy: src's own, first making one of src's files when src is a
+// plain sandbox; nil when the copy must copy files (overlays unsupported
+// here, or src written to since it was mounted). src is frozen.
+func (d *Driver) sharedLayer(src *Sandbox) *layer {
+	if d.opts.CopyFiles {
+		return nil
+	}
+	src.layerMu.Lock()
+	defer src.layerMu.Unlock()
+	src.mu.Lock()
+	key := src.key
+	src.mu.Unlock()
+	if src.layer == nil {
+		d.mu.Lock()
+		off := d.noOverlay
+		d.mu.Unlock()
+		if off {
+			return nil
+		}
+		l, err := d.layerize(src)
+		if err != nil {
+			d.mu.Lock()
+			d.noOverlay = true
+			d.mu.Unlock()
+			d.opts.Logger.Warn("sandbox copies copy their files: overlay mounts are not available", "error", err)
+			return nil
+		}
+		src.layer = l
+	} else if !d.upperEmpty(key) {
+		return nil
+	}
+	d.mu.Lock()
+	src.layer.refs++
+	d.mu.Unlock()
+	return src.layer
+}
