@@ -143,5 +143,6 @@ func (d *Driver) Close() error {
 	if f == nil {
 		return nil
 	}
+	d.cgroups.close()
 	return f.Close()
 }

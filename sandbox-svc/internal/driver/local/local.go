@@ -47,6 +47,7 @@ type Driver struct {
 	keys      map[string]*Sandbox // live sandboxes by directory key
 	layers    map[string]*layer   // layers in use, by directory
 	noOverlay bool                // an overlay mount failed: copies copy files
+	cgroups   *cgroupTree         // nil where cgroups can't be made
 	lock      *os.File            // flock on the sandboxes directory; nil after Close
 }
 
@@ -71,7 +72,7 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("local driver: %w", err)
 	}
-	d := &Driver{opts: opts, dir: dir, keys: map[string]*Sandbox{}, layers: map[string]*layer{}, lock: lock}
+	d := &Driver{opts: opts, dir: dir, keys: map[string]*Sandbox{}, layers: map[string]*layer{}, lock: lock, cgroups: newCgroupTree(dir)}
 	if err := d.sweepLayers(); err != nil {
 		opts.Logger.Warn("unused sandbox layers not removed", "error", err)
 	}
@@ -195,6 +196,13 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, l *layer, fill fu
 	}
 	sb.key = key
 	sb.dir = filepath.Join(d.dir, key)
+	if d.cgroups != nil {
+		cg, err := d.cgroups.open(spec.ID)
+		if err != nil {
+			d.opts.Logger.Warn("sandbox without a cgroup: processes that leave their group outlive it", "sandbox", spec.ID, "error", err)
+		}
+		sb.cg = cg
+	}
 	defer func() {
 		if !ok {
 			sb.teardown()

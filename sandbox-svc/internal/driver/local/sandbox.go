@@ -24,6 +24,7 @@ import (
 // Sandbox is a local sandbox.
 type Sandbox struct {
 	d          *Driver
+	cg         *cgroup // nil where cgroups can't be made (cgroup.go)
 	spec       driver.Spec
 	ns         *netNS // nil with egress full
 	relay      *relay
@@ -238,7 +239,7 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, gua
 	cmd.Args[0] = req.Argv[0]
 	cmd.Dir = dir
 	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = sb.inCgroup(&syscall.SysProcAttr{Setpgid: true})
 	cmd.Stdout, cmd.Stderr = req.Stdout, req.Stderr
 	cmd.WaitDelay = waitDelay
 	var stdinW *os.File
@@ -393,7 +394,7 @@ func (sb *Sandbox) Terminal(ctx context.Context, req driver.TerminalRequest) (dr
 	var ptmx *os.File
 	startFn := func() error {
 		var err error
-		ptmx, err = pty.StartWithAttrs(cmd, size, &syscall.SysProcAttr{Setsid: true, Setctty: true})
+		ptmx, err = pty.StartWithAttrs(cmd, size, sb.inCgroup(&syscall.SysProcAttr{Setsid: true, Setctty: true}))
 		return err
 	}
 	if sb.ns != nil {
@@ -531,6 +532,11 @@ func (sb *Sandbox) teardown() error {
 	for _, g := range groups {
 		_ = syscall.Kill(-g, syscall.SIGKILL)
 	}
+	var cgErr error
+	if sb.cg != nil {
+		// And whatever left its group.
+		cgErr = sb.cg.kill()
+	}
 	if sb.relay != nil {
 		_ = sb.relay.Close()
 	}
@@ -541,9 +547,9 @@ func (sb *Sandbox) teardown() error {
 	l := sb.layer
 	sb.layer = nil
 	sb.layerMu.Unlock()
-	var err error
+	err := cgErr
 	if dir != "" {
-		err = removeAll(dir)
+		err = errors.Join(err, removeAll(dir))
 	}
 	if l != nil {
 		err = errors.Join(err, removeAll(sb.d.upperOf(key)), sb.d.releaseLayer(l))
@@ -571,4 +577,13 @@ func removeAll(dir string) error {
 		return nil
 	})
 	return os.RemoveAll(dir)
+}
+
+// inCgroup starts a process with attr in the sandbox's cgroup, if it has
+// one.
+func (sb *Sandbox) inCgroup(attr *syscall.SysProcAttr) *syscall.SysProcAttr {
+	if sb.cg != nil {
+		attr.UseCgroupFD, attr.CgroupFD = true, sb.cg.fd
+	}
+	return attr
 }

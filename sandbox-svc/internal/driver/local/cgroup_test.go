@@ -1,0 +1,125 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/drivertest"
+)
+
+// A process that left its process group (setsid, as the agent CLIs start
+// their tool shells) dies with its sandbox where cgroups can be made.
+func TestDestroyKillsEscapedProcesses(t *testing.T) {
+	repo, _ := drivertest.NewRepo(t, map[string]string{"a": "b"})
+	d, err := New(Options{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.cgroups == nil {
+		t.Skip("no cgroup v2 this process may write: teardown kills process groups only")
+	}
+	ctx := context.Background()
+	sb, err := d.Create(ctx, driver.Spec{ID: "sb-esc", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	var stderr bytes.Buffer
+	p, err := sb.Exec(ctx, driver.ExecRequest{Argv: []string{"sh", "-c",
+		`setsid sh -c 'echo $$ > "$1"; while :; do sleep 0.05; done' sh "$1" </dev/null >/dev/null 2>&1 &`, "sh", pidFile}, Stderr: &stderr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := p.Wait(); err != nil || st.Code != 0 {
+		t.Fatalf("start the loop: %v %v %s", st, err, stderr.String())
+	}
+	pid := 0
+	waitUntil(t, "the escaped shell's pid", func() bool {
+		b, err := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && pid > 0
+	})
+	if !alive(pid) {
+		t.Fatalf("the escaped shell %d is not running", pid)
+	}
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatalf("destroy: %v", err)
+	}
+	// Gone, or a zombie waiting for init to reap it.
+	waitUntil(t, "the escaped shell to die", func() bool { return !alive(pid) })
+}
+
+// alive says whether pid runs (exists and is not a zombie).
+func alive(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+// A driver on the sandboxes directory of a process that crashed with a
+// sandbox up kills what runs in it.
+func TestRestartKillsLeftoverProcesses(t *testing.T) {
+	repo, _ := drivertest.NewRepo(t, map[string]string{"a": "b"})
+	root := t.TempDir()
+	crashed, err := New(Options{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if crashed.cgroups == nil {
+		crashed.Close()
+		t.Skip("no cgroup v2 this process may write")
+	}
+	ctx := context.Background()
+	sb, err := crashed.Create(ctx, driver.Spec{ID: "sb-left", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := sb.Exec(ctx, driver.ExecRequest{Argv: []string{"sleep", "600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := p.(*process).cmd.Process.Pid
+	crashed.Close()
+	d, err := New(Options{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if st, err := p.Wait(); err != nil || st.Signal == "" {
+		t.Errorf("the leftover's process: %+v %v, want killed", st, err)
+	}
+	if alive(pid) {
+		t.Errorf("the leftover's process %d runs on", pid)
+	}
+}
