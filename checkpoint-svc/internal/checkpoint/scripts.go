@@ -190,10 +190,12 @@ const stageScript = `cat > "$1"`
 // staged parts in $2: unbundle the chain in order, set the branches, check
 // out HEAD, drop untracked files the sandbox had, apply the index and the
 // work tree diffs. $3 is the branch to check out ("-" for a detached HEAD)
-// and $4 the commit. The tracked files end up dated two seconds back, with
-// the index refreshed.
+// and $4 the commit. The tracked files end up dated two seconds before the
+// restore began, with the index refreshed.
 const restoreScript = `set -e
 cd "$1"; st="$2"
+# Two seconds before anything here writes (see the end).
+t=$(( $(date +%s) - 2 ))
 for b in "$st"/bundle-*; do
   [ -e "$b" ] || continue
   git bundle unbundle "$b" >/dev/null
@@ -207,9 +209,10 @@ if grep -q '^diff --git ' "$st/worktree.diff" 2>/dev/null; then git apply --bina
 # The checkout wrote the files in the second it wrote the index: git takes
 # such entries for "racily clean" and reads every one again at each status
 # until the index is written in a later second (and a copy of this sandbox
-# by overlay would copy each one up to do so). Dated two seconds back, with
-# the index refreshed (each file read once, against the index), none is.
-t=$(( $(date +%s) - 2 ))
+# by overlay would copy each one up to do so). Dated before the restore
+# began, with the index refreshed (each file read once, against the
+# index), none is; and a file the diffs changed differs from its entry in
+# mtime, whatever its size.
 git ls-files -z | xargs -0 -r touch -c -h -d "@$t" -- 2>/dev/null || true
 git update-index -q --refresh >/dev/null 2>&1 || true
 `
