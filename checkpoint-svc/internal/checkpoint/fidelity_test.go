@@ -95,6 +95,18 @@ func TestRoundTripFidelity(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(work2, "debug.log")); !os.IsNotExist(err) {
 		t.Error("ignored file restored")
 	}
+	// No entry is racily clean (as new as the index, to the second): git
+	// would read each again at every status, and an overlay copy of the
+	// sandbox would copy each up.
+	idx, err := os.Stat(filepath.Join(work2, ".git", "index"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Split(git(t, work2, "ls-files"), "\n") {
+		if fi, err := os.Lstat(filepath.Join(work2, f)); err == nil && fi.ModTime().Unix() >= idx.ModTime().Unix() {
+			t.Errorf("%s (mtime %v) is racily clean: the index was written at %v", f, fi.ModTime(), idx.ModTime())
+		}
+	}
 
 	// Verify, get and read a part.
 	if _, err := w.eng.Verify(context.Background(), cp.GetId()); err != nil {

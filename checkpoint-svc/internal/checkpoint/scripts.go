@@ -190,8 +190,8 @@ const stageScript = `cat > "$1"`
 // staged parts in $2: unbundle the chain in order, set the branches, check
 // out HEAD, drop untracked files the sandbox had, apply the index and the
 // work tree diffs. $3 is the branch to check out ("-" for a detached HEAD)
-// and $4 the commit. The tracked files end up dated two seconds before the
-// restore began, with the index refreshed.
+// and $4 the commit. Tracked files it wrote in its last two seconds end up
+// dated two seconds before it began, with the index refreshed.
 const restoreScript = `set -e
 cd "$1"; st="$2"
 # Two seconds before anything here writes (see the end).
@@ -206,14 +206,17 @@ git clean -q -f -d
 # A diff may hold no patch, only lines like "* Unmerged path x".
 if grep -q '^diff --git ' "$st/index.diff" 2>/dev/null; then git apply --cached --binary "$st/index.diff"; fi
 if grep -q '^diff --git ' "$st/worktree.diff" 2>/dev/null; then git apply --binary "$st/worktree.diff"; fi
-# The checkout wrote the files in the second it wrote the index: git takes
-# such entries for "racily clean" and reads every one again at each status
-# until the index is written in a later second (and a copy of this sandbox
-# by overlay would copy each one up to do so). Dated before the restore
-# began, with the index refreshed (each file read once, against the
-# index), none is; and a file the diffs changed differs from its entry in
-# mtime, whatever its size.
-git ls-files -z | xargs -0 -r touch -c -h -d "@$t" -- 2>/dev/null || true
+# The checkout wrote files in the second it wrote the index: git takes such
+# entries for "racily clean" and reads every one again at each status until
+# the index is written in a later second (and a copy of this sandbox by
+# overlay would copy each one up to do so). The tracked files written in the
+# last two seconds are dated before the restore began and the index is
+# refreshed (each of them read once, against the index): then no entry is
+# racy, and one of them the diffs changed differs from its entry in mtime,
+# whatever its size. Older files are left alone: not racy, not read again.
+touch -d "@$(( $(date +%s) - 2 ))" "$st/recent"
+git ls-files -z | xargs -0 -r printf './%s\0' | xargs -0 -r sh -c 'exec find "$@" -maxdepth 0 -newer "$0" -print0' "$st/recent" 2>/dev/null |
+  xargs -0 -r touch -c -h -d "@$t" -- 2>/dev/null || true
 git update-index -q --refresh >/dev/null 2>&1 || true
 `
 
