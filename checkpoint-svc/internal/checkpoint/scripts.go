@@ -200,8 +200,12 @@ for b in "$st"/bundle-*; do
   [ -e "$b" ] || continue
   git bundle unbundle "$b" >/dev/null
 done
-while read -r sha ref; do git update-ref "$ref" "$sha"; done < "$st/refs"
-if [ "$3" = "-" ]; then git checkout -q -f --detach "$4"; else git checkout -q -f -B "$3" "$4"; fi
+# No reflog for the refs the restore sets: they would only say "restored"
+# (the captured sandbox's reflogs are not kept), and a sandbox copied by
+# overlay would copy each up when its branch is renamed. Git starts one at
+# the next commit.
+while read -r sha ref; do git -c core.logAllRefUpdates=false update-ref "$ref" "$sha"; done < "$st/refs"
+if [ "$3" = "-" ]; then git -c core.logAllRefUpdates=false checkout -q -f --detach "$4"; else git -c core.logAllRefUpdates=false checkout -q -f -B "$3" "$4"; fi
 git clean -q -f -d
 # A diff may hold no patch, only lines like "* Unmerged path x".
 if grep -q '^diff --git ' "$st/index.diff" 2>/dev/null; then git apply --cached --binary "$st/index.diff"; fi

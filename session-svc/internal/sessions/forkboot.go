@@ -208,11 +208,11 @@ func movePath(p string, a, b *sandboxv1.Sandbox) (string, bool) {
 // them by construction), print the work tree's hash the way the checkpoint
 // service does (a copy of the index with ` + "`add -A`" + `, write-tree): every file
 // is hashed again (a copy's stat data is not the index's), so the copy is
-// checked byte for byte. As few processes as can be: this runs once per
-// fork.
+// checked byte for byte. As few processes and files as can be: this runs
+// once per fork (no reflog: a restore leaves none for the branch).
 const forkCopyScript = `set -e
 cd "$1"
-git branch -m "$2" "$3"
+git -c core.logAllRefUpdates=false branch -m "$2" "$3"
 verify="$4"
 shift 4
 while [ $# -ge 2 ]; do
