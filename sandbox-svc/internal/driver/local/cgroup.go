@@ -16,8 +16,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -75,7 +77,38 @@ func newCgroupTree(sandboxes string) *cgroupTree {
 			}
 		}
 	}
-	return &cgroupTree{dir: dir}
+	t := &cgroupTree{dir: dir}
+	if !t.canStartIn() {
+		t.close()
+		return nil
+	}
+	return t
+}
+
+// canStartIn says whether a process can be started in a cgroup of t
+// (clone3 may be refused, e.g. by a seccomp filter): a sandbox whose
+// commands could not start would be worse than one without a cgroup.
+func (t *cgroupTree) canStartIn() bool {
+	cg, err := t.open("probe")
+	if err != nil {
+		return false
+	}
+	defer cg.kill()
+	self, err := os.Executable()
+	if err != nil {
+		return false
+	}
+	// This binary, asked for nothing it can parse, exits at once; only
+	// whether it started matters.
+	cmd := exec.Command(self, "-hangar-cgroup-probe")
+	cmd.Env = []string{}
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cg.fd}
+	if err := cmd.Start(); err != nil {
+		return false
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	return true
 }
 
 // close removes the driver's cgroup (once every sandbox's is gone).
