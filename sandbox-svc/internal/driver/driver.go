@@ -179,8 +179,8 @@ type Driver interface {
 type Copier interface {
 	// Copy returns a new sandbox for spec (ID, WorkKey, Egress) whose work
 	// tree and home hold what src's hold now, at the new sandbox's paths.
-	// src must be idle: ErrBusy while one of its commands runs; commands
-	// started on src during the copy wait for it. Setup is not run again.
+	// src must be idle: ErrBusy while one of its commands or file
+	// operations runs; those started on src during the copy wait for it. Setup is not run again.
 	// On error nothing is left behind.
 	Copy(ctx context.Context, src Sandbox, spec Spec) (Sandbox, error)
 }

@@ -50,13 +50,23 @@ func (sb *Sandbox) display(rel string) string {
 	return filepath.Join(sb.dir, rel)
 }
 
-func (sb *Sandbox) root() (*os.Root, error) {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if sb.destroyed {
-		return nil, driver.ErrDestroyed
+// root opens the sandbox directory for a file operation; done closes it.
+// Like a command, the operation waits for a copy of the sandbox to end and
+// keeps a new one from starting until it is done: a copy by overlay moves
+// the files under it.
+func (sb *Sandbox) root() (root *os.Root, done func(), err error) {
+	if err := sb.begin(); err != nil {
+		return nil, nil, err
 	}
-	return os.OpenRoot(sb.dir)
+	sb.mu.Lock()
+	dir := sb.dir
+	sb.mu.Unlock()
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		sb.end()
+		return nil, nil, err
+	}
+	return r, func() { r.Close(); sb.end() }, nil
 }
 
 func mapErr(err error, p string) error {
@@ -78,11 +88,11 @@ func (sb *Sandbox) resolveDir(d string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	root, err := sb.root()
+	root, done, err := sb.root()
 	if err != nil {
 		return "", err
 	}
-	defer root.Close()
+	defer done()
 	st, err := root.Stat(rel)
 	if err != nil {
 		return "", mapErr(err, d)
@@ -107,11 +117,11 @@ func (sb *Sandbox) ReadFile(ctx context.Context, p string, limit int64) ([]byte,
 	if err != nil {
 		return nil, driver.FileInfo{}, err
 	}
-	root, err := sb.root()
+	root, done, err := sb.root()
 	if err != nil {
 		return nil, driver.FileInfo{}, err
 	}
-	defer root.Close()
+	defer done()
 	f, err := root.Open(rel)
 	if err != nil {
 		return nil, driver.FileInfo{}, mapErr(err, p)
@@ -151,11 +161,11 @@ func (sb *Sandbox) WriteFile(ctx context.Context, p string, content []byte, mode
 		mode = 0o644
 	}
 	mode &= fs.ModePerm
-	root, err := sb.root()
+	root, done, err := sb.root()
 	if err != nil {
 		return driver.FileInfo{}, err
 	}
-	defer root.Close()
+	defer done()
 	if err := root.MkdirAll(filepath.Dir(rel), 0o755); err != nil {
 		return driver.FileInfo{}, mapErr(err, p)
 	}
@@ -178,11 +188,11 @@ func (sb *Sandbox) Stat(ctx context.Context, p string) (driver.FileInfo, error) 
 	if err != nil {
 		return driver.FileInfo{}, err
 	}
-	root, err := sb.root()
+	root, done, err := sb.root()
 	if err != nil {
 		return driver.FileInfo{}, err
 	}
-	defer root.Close()
+	defer done()
 	st, err := root.Lstat(rel)
 	if err != nil {
 		return driver.FileInfo{}, mapErr(err, p)
@@ -196,11 +206,11 @@ func (sb *Sandbox) List(ctx context.Context, dir string) ([]driver.FileInfo, err
 	if err != nil {
 		return nil, err
 	}
-	root, err := sb.root()
+	root, done, err := sb.root()
 	if err != nil {
 		return nil, err
 	}
-	defer root.Close()
+	defer done()
 	f, err := root.Open(rel)
 	if err != nil {
 		return nil, mapErr(err, dir)
