@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,14 +52,18 @@ type forkStack struct {
 	release string
 }
 
-func forkStart(t testing.TB) *forkStack {
+func forkStart(t testing.TB, vars map[string]string) *forkStack {
 	t.Helper()
 	release := filepath.Join(t.TempDir(), "release")
 	script := forkScript(release)
-	s := startStack(t, stackOptions{script: &script, vars: map[string]string{
+	all := map[string]string{
 		// Forks hold back for the first sibling's answer; no need here.
 		"HANGAR_CACHE_STAGGER_SECONDS": "0",
-	}})
+	}
+	for k, v := range vars {
+		all[k] = v
+	}
+	s := startStack(t, stackOptions{script: &script, vars: all})
 	s.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
 	return &forkStack{stack: s, release: release}
 }
@@ -105,66 +110,161 @@ func (s *forkStack) forkTapeCarries(t testing.TB, run string) bool {
 // point plus its own turn, on <parent branch>-fork-<i>; the parent is
 // unchanged.
 func TestForkSession(t *testing.T) {
-	s := forkStart(t)
+	s := forkStart(t, nil)
 	for _, h := range agentCLIs {
 		t.Run(h.name, func(t *testing.T) {
-			ctx := context.Background()
-			name := "fork-" + h.name
-			parent := s.parent(t, name, h.harness)
-			before := s.mustExec(t, parent.GetSandboxId(), forkTreeScript)
-
-			resp, err := s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: name, N: 3, Message: "Please do the fork task."})
-			if err != nil {
-				t.Fatalf("fork: %v", err)
-			}
-			if len(resp.GetForks()) != 3 || resp.GetForkedFromCheckpoint() == "" {
-				t.Fatalf("fork answered %d forks from checkpoint %q", len(resp.GetForks()), resp.GetForkedFromCheckpoint())
-			}
-			for i, f := range resp.GetForks() {
-				fname := fmt.Sprintf("%s-fork-%d", name, i+1)
-				branch := fmt.Sprintf("%s-fork-%d", parent.GetBranch(), i+1)
-				if f.GetName() != fname || f.GetParentId() != name || f.GetForkedFromCheckpoint() != resp.GetForkedFromCheckpoint() {
-					t.Errorf("fork %d: name %q, parent %q, checkpoint %q", i+1, f.GetName(), f.GetParentId(), f.GetForkedFromCheckpoint())
-				}
-				own := s.waitTurn(t, fname, 2)
-				if own.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
-					t.Fatalf("turn 2 of %s: %v (%s)", fname, own.GetOutcome(), own.GetOutcomeReason())
-				}
-				if !s.forkTapeCarries(t, own.GetRunId()) {
-					t.Errorf("%s's first model request does not carry the parent's conversation", fname)
-				}
-				inherited, err := s.sessions.GetTurn(ctx, &sessionv1.GetTurnRequest{Name: fname, Turn: 1})
-				if err != nil || !inherited.GetTurn().GetInherited() || inherited.GetTurn().GetUsage().GetModelCalls() != 0 || inherited.GetTurn().GetUsage().GetInputTokens() != 0 {
-					t.Errorf("%s's turn 1 is not inherited without usage: %v %v", fname, err, inherited.GetTurn())
-				}
-				fs := s.get(t, fname)
-				if fs.GetBranch() != branch {
-					t.Errorf("%s is on branch %q, want %q", fname, fs.GetBranch(), branch)
-				}
-				if fs.GetConversationId() == "" || fs.GetConversationId() == parent.GetConversationId() {
-					t.Errorf("%s continues conversation %q (parent's %q): want a fork of it", fname, fs.GetConversationId(), parent.GetConversationId())
-				}
-				got := s.mustExec(t, fs.GetSandboxId(), forkTreeScript)
-				want := strings.Replace(before, parent.GetBranch(), branch, 1) + "fork.txt " + fname + "\n"
-				if got != want {
-					t.Errorf("%s's work tree:\n%s\nwant the parent's at the fork point plus fork.txt:\n%s", fname, got, want)
-				}
-			}
-			after := s.get(t, name)
-			if after.GetConversationId() != parent.GetConversationId() || after.GetSandboxId() != parent.GetSandboxId() {
-				t.Errorf("parent changed: conversation %q -> %q", parent.GetConversationId(), after.GetConversationId())
-			}
-			if got := s.mustExec(t, parent.GetSandboxId(), forkTreeScript); got != before {
-				t.Errorf("parent's work tree changed:\n%s\nwas:\n%s", got, before)
-			}
+			s.forkAndCheck(t, "fork-"+h.name, h.harness, true)
 		})
 	}
+}
+
+// TestForkCopiesFiles: the same with HANGAR_SANDBOX_COPIES=files: the
+// forks' sandboxes are copies of every file, each verified by its tree
+// hash before it is handed out.
+func TestForkCopiesFiles(t *testing.T) {
+	s := forkStart(t, map[string]string{"HANGAR_SANDBOX_COPIES": "files"})
+	s.forkAndCheck(t, "files", sessionv1.Harness_HARNESS_CLAUDE, false)
+}
+
+// forkAndCheck makes a parent named name with one turn of edits, forks it
+// into 3 with a message, and checks each fork's first request, history,
+// branch, conversation and work tree, and that the parent is unchanged.
+// overlay says whether the forks' sandboxes may be overlay mounts (where
+// this machine mounts them): with false none may be.
+func (s *forkStack) forkAndCheck(t *testing.T, name string, h sessionv1.Harness, overlay bool) {
+	t.Helper()
+	ctx := context.Background()
+	parent := s.parent(t, name, h)
+	before := s.mustExec(t, parent.GetSandboxId(), forkTreeScript)
+
+	resp, err := s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: name, N: 3, Message: "Please do the fork task."})
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	if len(resp.GetForks()) != 3 || resp.GetForkedFromCheckpoint() == "" {
+		t.Fatalf("fork answered %d forks from checkpoint %q", len(resp.GetForks()), resp.GetForkedFromCheckpoint())
+	}
+	var firstWork string
+	for i, f := range resp.GetForks() {
+		fname := fmt.Sprintf("%s-fork-%d", name, i+1)
+		branch := fmt.Sprintf("%s-fork-%d", parent.GetBranch(), i+1)
+		if f.GetName() != fname || f.GetParentId() != name || f.GetForkedFromCheckpoint() != resp.GetForkedFromCheckpoint() {
+			t.Errorf("fork %d: name %q, parent %q, checkpoint %q", i+1, f.GetName(), f.GetParentId(), f.GetForkedFromCheckpoint())
+		}
+		own := s.waitTurn(t, fname, 2)
+		if own.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+			t.Fatalf("turn 2 of %s: %v (%s)", fname, own.GetOutcome(), own.GetOutcomeReason())
+		}
+		if !s.forkTapeCarries(t, own.GetRunId()) {
+			t.Errorf("%s's first model request does not carry the parent's conversation", fname)
+		}
+		inherited, err := s.sessions.GetTurn(ctx, &sessionv1.GetTurnRequest{Name: fname, Turn: 1})
+		if err != nil || !inherited.GetTurn().GetInherited() || inherited.GetTurn().GetUsage().GetModelCalls() != 0 || inherited.GetTurn().GetUsage().GetInputTokens() != 0 {
+			t.Errorf("%s's turn 1 is not inherited without usage: %v %v", fname, err, inherited.GetTurn())
+		}
+		fs := s.get(t, fname)
+		if fs.GetBranch() != branch {
+			t.Errorf("%s is on branch %q, want %q", fname, fs.GetBranch(), branch)
+		}
+		if fs.GetConversationId() == "" || fs.GetConversationId() == parent.GetConversationId() {
+			t.Errorf("%s continues conversation %q (parent's %q): want a fork of it", fname, fs.GetConversationId(), parent.GetConversationId())
+		}
+		got := s.mustExec(t, fs.GetSandboxId(), forkTreeScript)
+		want := strings.Replace(before, parent.GetBranch(), branch, 1) + "fork.txt " + fname + "\n"
+		if got != want {
+			t.Errorf("%s's work tree:\n%s\nwant the parent's at the fork point plus fork.txt:\n%s", fname, got, want)
+		}
+		sb, err := s.sandboxes.GetSandbox(ctx, &sandboxv1.GetSandboxRequest{SandboxId: fs.GetSandboxId()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch mounted := mountPoint(t, filepath.Dir(sb.GetSandbox().GetWorkDir())); {
+		case mounted && !overlay:
+			t.Errorf("%s's sandbox is an overlay mount with HANGAR_SANDBOX_COPIES=files", fname)
+		case !mounted && overlay && overlaySupported(t):
+			t.Errorf("%s's sandbox is not an overlay mount, though this machine mounts them", fname)
+		}
+		// Copied, not booted on its own: a copy of files hard-links the
+		// first fork's git objects, the pack its restore wrote among them.
+		if work := sb.GetSandbox().GetWorkDir(); i == 0 {
+			firstWork = work
+		} else if !overlay && !sharesPacks(t, firstWork, work) {
+			t.Errorf("%s's sandbox is not a copy of the first fork's", fname)
+		}
+	}
+	after := s.get(t, name)
+	if after.GetConversationId() != parent.GetConversationId() || after.GetSandboxId() != parent.GetSandboxId() {
+		t.Errorf("parent changed: conversation %q -> %q", parent.GetConversationId(), after.GetConversationId())
+	}
+	if got := s.mustExec(t, parent.GetSandboxId(), forkTreeScript); got != before {
+		t.Errorf("parent's work tree changed:\n%s\nwas:\n%s", got, before)
+	}
+}
+
+// sharesPacks says whether work tree b's pack files are work tree a's
+// (the same inodes) wherever both have one of a name: so for a copy of
+// files (hard-linked objects), not for a sandbox restored on its own (the
+// restore's pack is written again; only the packs a local clone links are
+// shared).
+func sharesPacks(t *testing.T, a, b string) bool {
+	t.Helper()
+	packs, err := filepath.Glob(filepath.Join(a, ".git", "objects", "pack", "*.pack"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	both := 0
+	for _, p := range packs {
+		fa, errA := os.Stat(p)
+		fb, errB := os.Stat(filepath.Join(b, ".git", "objects", "pack", filepath.Base(p)))
+		if errA != nil || errB != nil {
+			continue
+		}
+		if !os.SameFile(fa, fb) {
+			return false
+		}
+		both++
+	}
+	return both > 0
+}
+
+// overlaySupported says whether this process can mount an overlay.
+func overlaySupported(t *testing.T) bool {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{"l", "u", "w", "m"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s/l,upperdir=%s/u,workdir=%s/w", dir, dir, dir)
+	if err := syscall.Mount("overlay", filepath.Join(dir, "m"), "overlay", 0, opts); err != nil {
+		return false
+	}
+	if err := syscall.Unmount(filepath.Join(dir, "m"), 0); err != nil {
+		t.Fatal(err)
+	}
+	return true
+}
+
+// mountPoint says whether p is a mount point in this process's namespace.
+func mountPoint(t *testing.T, p string) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == p {
+			return true
+		}
+	}
+	return false
 }
 
 // TestForkRefusals: a parent mid-turn can't be forked; -n over
 // HANGAR_FORK_MAX is InvalidArgument.
 func TestForkRefusals(t *testing.T) {
-	s := forkStart(t)
+	s := forkStart(t, nil)
 	ctx := context.Background()
 	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
 		Name: "busy", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Please do the slow task.",
@@ -211,7 +311,7 @@ func TestForkRefusals(t *testing.T) {
 // fork booted without a message has its parent's); the older keeps it and
 // the other forks it on its next turn.
 func TestForkConversationClaim(t *testing.T) {
-	s := forkStart(t)
+	s := forkStart(t, nil)
 	ctx := context.Background()
 	parent := s.parent(t, "claim", sessionv1.Harness_HARNESS_CLAUDE)
 	resp, err := s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: "claim", N: 1, Names: []string{"claim-b"}})
@@ -246,7 +346,7 @@ func TestForkConversationClaim(t *testing.T) {
 
 // TestBestOfN: a check that passes in exactly one attempt delivers that one.
 func TestBestOfN(t *testing.T) {
-	s := forkStart(t)
+	s := forkStart(t, nil)
 	ctx := context.Background()
 	s.parent(t, "bon", sessionv1.Harness_HARNESS_CLAUDE)
 	check := `case "$(cat fork.txt)" in *-2) echo "score 7";; *) echo "wrong attempt"; exit 1;; esac`
@@ -309,7 +409,7 @@ func forkWaitJob(t testing.TB, s *forkStack, id string) *sessionv1.Job {
 // (clone) and restored, and the other forks get copies of it. ns/op is
 // the four forks together.
 func BenchmarkForkFanOut(b *testing.B) {
-	s := forkStart(b)
+	s := forkStart(b, nil)
 	ctx := context.Background()
 	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "fan", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE}); err != nil {
 		b.Fatal(err)

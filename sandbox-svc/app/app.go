@@ -55,6 +55,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		Now:         time.Now,
 		KeyPrefix:   server.DefaultKeyPrefix,
 		GatewayAddr: cfg.GatewayAddr,
+		CopyFiles:   cfg.Copies == "files",
 	})
 	if err != nil {
 		_ = redis.Close()

@@ -20,6 +20,10 @@ type Config struct {
 	// GatewayAddr is the model gateway's address, the one path out of a
 	// sandbox with egress none.
 	GatewayAddr string `env:"HANGAR_GATEWAY_ADDR" flag:"gateway-addr" default:"127.0.0.1:7404" help:"gateway-svc address reachable from sandboxes"`
+	// Copies is how the local driver copies a sandbox (forks): overlay
+	// shares the files until one is written (needs root and overlayfs; it
+	// copies files where it can't mount), files copies every file.
+	Copies string `env:"HANGAR_SANDBOX_COPIES" flag:"copies" default:"overlay" oneof:"overlay|files" help:"how a sandbox is copied for forks: overlay or files"`
 }
 
 // LoadConfig reads the configuration from args and the environment.

@@ -53,6 +53,9 @@ type Deps struct {
 	// WorkDir is where the built-in "local" environment looks for its git
 	// repository (the process's working directory when empty).
 	WorkDir string
+	// CopyFiles makes copies (copy_of) copy every file instead of sharing
+	// them by overlay.
+	CopyFiles bool
 }
 
 // Defaults.
@@ -136,7 +139,7 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	drv, err := local.New(local.Options{Root: deps.Home, Gateway: local.ParseGateway(deps.GatewayAddr), Logger: deps.Logger, Now: deps.Now})
+	drv, err := local.New(local.Options{Root: deps.Home, Gateway: local.ParseGateway(deps.GatewayAddr), Logger: deps.Logger, Now: deps.Now, CopyFiles: deps.CopyFiles})
 	if err != nil {
 		return nil, err
 	}
