@@ -92,6 +92,9 @@ type probe struct {
 	// only when itree is a tree.
 	changes   map[string][]change
 	untracked []string
+	// emptyBlobs are the index entries of the empty blob: the
+	// intent-to-add entries are among them.
+	emptyBlobs []string
 }
 
 // parseProbe reads probeScript's output: "key value" lines, then, after a
@@ -103,11 +106,11 @@ func parseProbe(out []byte) (probe, error) {
 		line, after, _ := bytes.Cut(rest, []byte("\n"))
 		rest = after
 		if string(line) == "changes" {
-			changes, untracked, err := parseChanges(rest)
+			changes, untracked, empty, err := parseChanges(rest)
 			if err != nil {
 				return p, err
 			}
-			p.changes, p.untracked = changes, untracked
+			p.changes, p.untracked, p.emptyBlobs = changes, untracked, empty
 			break
 		}
 		k, v, _ := strings.Cut(string(line), " ")
@@ -414,7 +417,7 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	for _, p := range parts {
 		cp.SizeBytes += p.GetSizeBytes()
 	}
-	m := &manifest{cp: cp, Refs: pr.refs, TrackedTreeHash: tracked}
+	m := &manifest{cp: cp, Refs: pr.refs, TrackedTreeHash: tracked, IntentToAdd: intentToAdd(pr)}
 	if prev != nil && sameContent(prev, m) {
 		return &CaptureResult{Checkpoint: prev.cp, Warnings: prev.cp.GetWarnings(), Created: false}, nil
 	}
@@ -507,6 +510,7 @@ func sameContent(prev, m *manifest) bool {
 	if a.GetHeadCommit() != b.GetHeadCommit() || a.GetBranch() != b.GetBranch() || a.GetTreeHash() != b.GetTreeHash() ||
 		a.GetBaseCommit() != b.GetBaseCommit() || !slices.Equal(prev.Refs, m.Refs) ||
 		!slices.Equal(a.GetConversationPaths(), b.GetConversationPaths()) || len(a.GetParts()) != len(b.GetParts()) ||
+		!slices.EqualFunc(prev.IntentToAdd, m.IntentToAdd, bytes.Equal) ||
 		a.GetHarness() != b.GetHarness() || a.GetConversationId() != b.GetConversationId() {
 		return false
 	}
@@ -517,6 +521,28 @@ func sameContent(prev, m *manifest) bool {
 		}
 	}
 	return true
+}
+
+// intentToAdd are the index's intent-to-add entries: empty-blob entries
+// the index's tree lacks (write-tree leaves them out) and the work tree's
+// adds, so they travel with the untracked files.
+func intentToAdd(pr probe) [][]byte {
+	if len(pr.emptyBlobs) == 0 {
+		return nil
+	}
+	added := map[string]bool{}
+	for _, c := range pr.changes["IW"] {
+		if c.status == "A" {
+			added[c.path] = true
+		}
+	}
+	var out [][]byte
+	for _, p := range pr.emptyBlobs {
+		if added[p] {
+			out = append(out, []byte(p))
+		}
+	}
+	return out
 }
 
 // literalEnv is gitEnv with pathspecs taken literally: the paths a tree
@@ -619,8 +645,9 @@ var changePairs = []string{"HI", "HW", "IW"}
 // parseChanges reads the probe's output after "changes": `git diff-tree
 // --stdin --always -z --raw` of three tree pairs (each a header line "a
 // b\n", then entries ":modes hashes status\0path\0"), then
-// "\0untracked\0" and the untracked scan's NUL-separated names.
-func parseChanges(data []byte) (map[string][]change, []string, error) {
+// "\0untracked\0" and the untracked scan's NUL-separated names, then
+// "/ita\0" and the paths of the index's empty-blob entries.
+func parseChanges(data []byte) (map[string][]change, []string, []string, error) {
 	bad := func(what string) error { return fmt.Errorf("capture probe: unexpected changes output (%s)", what) }
 	marker := []byte("\x00untracked\x00")
 	res := map[string][]change{}
@@ -632,7 +659,7 @@ func parseChanges(data []byte) (map[string][]change, []string, error) {
 		for len(diffs) > 0 && diffs[0] != ':' && diffs[0] != 0 {
 			nl := bytes.IndexByte(diffs, '\n')
 			if nl < 0 {
-				return nil, nil, bad("header")
+				return nil, nil, nil, bad("header")
 			}
 			sec++
 			diffs = diffs[nl+1:]
@@ -645,19 +672,29 @@ func parseChanges(data []byte) (map[string][]change, []string, error) {
 		path, after, ok2 := bytes.Cut(after, []byte{0})
 		f := strings.Fields(string(meta))
 		if !ok1 || !ok2 || len(f) != 5 || !strings.HasPrefix(f[0], ":") || sec < 0 || sec >= len(changePairs) {
-			return nil, nil, bad("entry")
+			return nil, nil, nil, bad("entry")
 		}
 		res[changePairs[sec]] = append(res[changePairs[sec]], change{newMode: f[1], status: f[4], path: string(path)})
 		diffs = after
 	}
 	if sec != len(changePairs)-1 {
-		return nil, nil, bad("pairs")
+		return nil, nil, nil, bad("pairs")
 	}
-	var untracked []string
+	var untracked, empty []string
+	list := &untracked
 	for _, n := range bytes.Split(diffs, []byte{0}) {
-		if len(n) > 0 {
+		switch {
+		case len(n) == 0:
+		case list == &untracked && string(n) == "/ita":
+			list = &empty
+		case list == &empty:
+			// "mode hash stage\tpath"
+			if _, p, ok := bytes.Cut(n, []byte("\t")); ok && len(p) > 0 {
+				empty = append(empty, string(p))
+			}
+		default:
 			untracked = append(untracked, string(n))
 		}
 	}
-	return res, untracked, nil
+	return res, untracked, empty, nil
 }

@@ -173,6 +173,11 @@ type manifest struct {
 	// TrackedTreeHash is the tree of tracked files only: what a restore
 	// verifies against when the untracked part was skipped.
 	TrackedTreeHash string `json:"tracked_tree_hash,omitempty"`
+	// IntentToAdd are the index's intent-to-add entries (git add -N):
+	// their files are in the untracked part, and a restore adds them
+	// again with -N. Bytes (base64 in JSON): a path may hold any byte, and
+	// a JSON string only UTF-8.
+	IntentToAdd [][]byte `json:"intent_to_add,omitempty"`
 
 	cp *checkpointv1.Checkpoint
 }

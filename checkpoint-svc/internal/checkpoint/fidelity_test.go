@@ -124,7 +124,8 @@ func TestRoundTripFidelity(t *testing.T) {
 // TestRoundTripUnusualStates covers states the tree diffs see differently
 // from git diff: an index with unmerged entries (it has no tree, so the
 // capture falls back to git diff), a staged deletion of a file that stays,
-// an empty untracked directory at the top, and an untracked repository.
+// an empty untracked directory at the top, an untracked repository, and
+// intent-to-add entries (git add -N); and that the index comes back.
 func TestRoundTripUnusualStates(t *testing.T) {
 	t.Parallel()
 	cases := map[string]func(t *testing.T, work string){
@@ -157,6 +158,14 @@ func TestRoundTripUnusualStates(t *testing.T) {
 			write(t, work, "src/a.go", "package a // now untracked\n", 0o600)
 			write(t, work, "src/b.go", "package b // unstaged\n", 0o644)
 		},
+		"intent to add": func(t *testing.T, work string) {
+			write(t, work, "planned.go", "package planned\n", 0o644)
+			write(t, work, "src/later.go", "package later\n", 0o755)
+			write(t, work, "empty.txt", "", 0o644)
+			git(t, work, "add", "-N", "planned.go", "src/later.go")
+			git(t, work, "add", "empty.txt") // a staged empty file is no intent to add
+			write(t, work, "plain-untracked.txt", "u\n", 0o644)
+		},
 		"empty and nested": func(t *testing.T, work string) {
 			os.MkdirAll(filepath.Join(work, "emptytop"), 0o700)
 			os.MkdirAll(filepath.Join(work, "src/empty/deeper"), 0o750)
@@ -184,6 +193,14 @@ func TestRoundTripUnusualStates(t *testing.T) {
 				t.Fatalf("tree %s, want %s", tree, cp.GetTreeHash())
 			}
 			diffSnap(t, snapshot(t, work, ignored), snapshot(t, work2, nil))
+			if name == "unmerged" {
+				return // the index comes back merged (the work tree's state)
+			}
+			for _, args := range [][]string{{"status", "--porcelain=v1", "-uall"}, {"ls-files", "-s"}, {"diff", "--cached", "--stat"}} {
+				if a, b := git(t, work, args...), git(t, work2, args...); a != b {
+					t.Errorf("git %v:\n%s\nrestored:\n%s", args, a, b)
+				}
+			}
 		})
 	}
 }

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -16,8 +17,9 @@ func TestParseProbeChanges(t *testing.T) {
 		"itree " + i + "\ntree " + w + "\nchanges\n" +
 		h + " " + i + "\n" + // HI: nothing
 		h + " " + w + "\n" + entry("A", "100644", "untracked") + entry("M", "100644", "a\nb "+h) +
-		i + " " + w + "\n" + entry("A", "160000", "vendor/lib") + entry("D", "100644", "gone/x") +
-		"\x00untracked\x00" + "emptydir/\x00untracked\x00"
+		i + " " + w + "\n" + entry("A", "160000", "vendor/lib") + entry("D", "100644", "gone/x") + entry("A", "100644", "planned") +
+		"\x00untracked\x00" + "emptydir/\x00untracked\x00" +
+		"/ita\x00" + "100644 e69de29bb2d1d6434b8b29ae775ad8c2e48c5391 0\tplanned\x00" + "100644 e69de29bb2d1d6434b8b29ae775ad8c2e48c5391 0\ta\tb\x00"
 	pr, err := parseProbe([]byte(out))
 	if err != nil {
 		t.Fatal(err)
@@ -32,7 +34,16 @@ func TestParseProbeChanges(t *testing.T) {
 	if !slices.Equal(pr.untracked, []string{"emptydir/", "untracked"}) {
 		t.Fatalf("untracked %q", pr.untracked)
 	}
-	for _, cut := range []int{len(out) - 30, len(out) - 40} {
+	if !slices.Equal(pr.emptyBlobs, []string{"planned", "a\tb"}) {
+		t.Fatalf("empty-blob entries %q", pr.emptyBlobs)
+	}
+	// The work tree's tree adds "planned" to the index's, not "a\tb" (a
+	// staged empty file): only it is intent to add.
+	if got := intentToAdd(pr); len(got) != 1 || string(got[0]) != "planned" {
+		t.Fatalf("intent to add %q", got)
+	}
+	marker := strings.Index(out, "\x00untracked\x00")
+	for _, cut := range []int{marker - 10, marker - 20} {
 		if _, err := parseProbe([]byte(out[:cut])); err == nil {
 			t.Errorf("truncated at %d: no error", cut)
 		}

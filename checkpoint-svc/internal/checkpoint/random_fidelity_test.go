@@ -180,7 +180,11 @@ func (g *gen) build() {
 	for range r.IntN(5) {
 		switch r.IntN(4) {
 		case 0, 1:
-			write(t, g.work, g.name(), g.content(), []os.FileMode{0o644, 0o600, 0o755}[r.IntN(3)])
+			name := g.name()
+			write(t, g.work, name, g.content(), []os.FileMode{0o644, 0o600, 0o755}[r.IntN(3)])
+			if r.IntN(4) == 0 {
+				git(t, g.work, "add", "-N", "--", name) // intent to add
+			}
 		case 2:
 			os.MkdirAll(filepath.Join(g.work, fmt.Sprintf("untracked%d/empty", g.n)), 0o750)
 			write(t, g.work, fmt.Sprintf("untracked%d/x/y.txt", g.n), g.content(), 0o644)

@@ -233,6 +233,24 @@ func (e *Engine) restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 		if _, err := e.run(ctx, sb, shArgv(untarScript, wd, st+"/untracked.tar"), nil, nil, nil); err != nil {
 			return "", failed(err)
 		}
+		if len(m.IntentToAdd) > 0 {
+			// Only files the untracked part held, whose names it checked.
+			names := map[string]bool{}
+			for _, n := range untrackedNames {
+				names[n] = true
+			}
+			var list bytes.Buffer
+			for _, p := range m.IntentToAdd {
+				if !names[string(p)] {
+					return "", failed(fmt.Errorf("%w: intent-to-add %q is not among the untracked files", errDamaged, p))
+				}
+				list.Write(p)
+				list.WriteByte(0)
+			}
+			if _, err := e.run(ctx, sb, shArgv(intentToAddScript, wd), literalEnv, &list, nil); err != nil {
+				return "", failed(err)
+			}
+		}
 	}
 	var tout bytes.Buffer
 	if _, err := e.run(ctx, sb, shArgv(treeScript, wd, "-A"), gitEnv, nil, &tout); err != nil {

@@ -37,7 +37,10 @@ package checkpoint
 // After "changes": `git diff-tree --stdin --always -r -z --raw` of the
 // pairs HEAD-index, HEAD-work tree, index-work tree (each pair's header
 // line "a b\n", then its entries ":modes hashes status\0path\0"), then
-// "\0untracked\0" and the ls-files output (NUL-separated).
+// "\0untracked\0" and the ls-files output (NUL-separated), then "/ita\0"
+// (no path starts with "/") and the index entries of the empty blob as
+// `ls-files -s -z` prints them ("mode hash stage\tpath\0"): the
+// intent-to-add entries are among them.
 const probeScript = `set -e
 cd "$1"; nonce="$3"; prev="$4"
 loc="$(git rev-parse --is-inside-work-tree --show-prefix --absolute-git-dir --git-path index 2>/dev/null)" || { echo "not a git work tree" >&2; exit 10; }
@@ -64,7 +67,8 @@ git for-each-ref --format='ref %(objectname) %(refname) %(HEAD)' refs/heads/
 [ "$head" != none ] && [ "$base" != missing ] || exit 0
 tmp="$gitdir/hangar-tree-index.$nonce"
 lst="$gitdir/hangar-untracked.$nonce"
-trap 'rm -f "$tmp" "$lst"' EXIT
+ita="$gitdir/hangar-ita.$nonce"
+trap 'rm -f "$tmp" "$lst" "$ita"' EXIT
 if [ -f "$idx" ]; then
   if ! [ "$idx" -ef "$stamp" ]; then
     rm -f "$stamp" "$stamp.pre" "$stamp.tree"
@@ -83,6 +87,9 @@ if [ -f "$idx" ]; then
 fi
 git ls-files -z --others --exclude-standard --directory > "$lst" &
 scan=$!
+# Entries of the empty blob: an intent-to-add entry (git add -N) is one.
+git ls-files -s -z | grep -z '^[0-7]* e69de29bb2d1d6434b8b29ae775ad8c2e48c5391 0	' > "$ita" &
+itascan=$!
 if [ "$ctype" = tree ] && [ "$tmp" -ef "$stamp" ]; then itree="$ctree"; else
   itree="$(GIT_INDEX_FILE="$tmp" git write-tree 2>/dev/null)" || itree=-
   if [ "$itree" != - ] && [ "$idx" -ef "$stamp" ]; then echo "$itree" > "$stamp.tree" || true; fi
@@ -90,6 +97,7 @@ fi
 GIT_INDEX_FILE="$tmp" git add -A
 tree="$(GIT_INDEX_FILE="$tmp" git write-tree)"
 wait $scan
+wait $itascan || true
 echo "itree $itree"
 echo "tree $tree"
 if [ -n "$prev" ]; then
@@ -100,6 +108,8 @@ echo changes
 printf '%s %s\n%s %s\n%s %s\n' "$htree" "$itree" "$htree" "$tree" "$itree" "$tree" | git diff-tree --stdin --always -r -z --raw --no-renames
 printf '\0untracked\0'
 cat "$lst"
+printf '/ita\0'
+cat "$ita"
 `
 
 // treeScript prints the hash of the work tree as `git add $2` into a copy
@@ -229,3 +239,7 @@ const symlinkScript = `cd "$1" && find . -path ./.git -prune -o -type l -print0`
 
 // untarScript unpacks a checked tarball (from $2) into $1, keeping modes.
 const untarScript = `cd "$1" && tar -x -p --no-same-owner -f "$2"`
+
+// intentToAddScript marks the files named on stdin (NUL-separated) intent
+// to add (git add -N) in work tree $1.
+const intentToAddScript = `cd "$1" && xargs -0 -r git add -N --`
