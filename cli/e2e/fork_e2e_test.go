@@ -192,6 +192,25 @@ func (s *forkStack) forkAndCheck(t *testing.T, name string, h sessionv1.Harness,
 			t.Errorf("%s's sandbox is not a copy of the first fork's", fname)
 		}
 	}
+	// Each fork suspends and comes back with its work: the checkpoint taken
+	// in its (copied) sandbox restores, and its siblings go on without it.
+	for i := 1; i <= 3; i += 2 {
+		fname := fmt.Sprintf("%s-fork-%d", name, i)
+		was := s.mustExec(t, s.get(t, fname).GetSandboxId(), forkTreeScript)
+		if _, err := s.sessions.SuspendSession(ctx, &sessionv1.SuspendSessionRequest{Name: fname}); err != nil {
+			t.Fatalf("suspend %s: %v", fname, err)
+		}
+		opened, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: fname})
+		if err != nil {
+			t.Fatalf("open %s: %v", fname, err)
+		}
+		if got := s.mustExec(t, opened.GetSession().GetSandboxId(), forkTreeScript); got != was {
+			t.Errorf("%s after suspend and open:\n%s\nwas:\n%s", fname, got, was)
+		}
+	}
+	if got := s.mustExec(t, s.get(t, name+"-fork-2").GetSandboxId(), "cat fork.txt"); got != name+"-fork-2\n" {
+		t.Errorf("%s-fork-2's fork.txt after its siblings came and went: %q", name, got)
+	}
 	after := s.get(t, name)
 	if after.GetConversationId() != parent.GetConversationId() || after.GetSandboxId() != parent.GetSandboxId() {
 		t.Errorf("parent changed: conversation %q -> %q", parent.GetConversationId(), after.GetConversationId())
