@@ -13,7 +13,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -116,6 +118,11 @@ func startStack(t testing.TB, opts stackOptions) *stack {
 		cancel()
 		if err := running.Wait(); err != nil {
 			t.Errorf("hangar stopped with %v", err)
+		}
+		// Nothing a sandbox ran outlives hangar (the agent CLIs start
+		// their tool shells detached, out of the exec's process group).
+		if left := processesUnder(cfg.Home); len(left) > 0 {
+			t.Errorf("processes left running in hangar's sandboxes after it stopped (killed now): %v", left)
 		}
 	})
 	return &stack{
@@ -266,4 +273,24 @@ func shellRules(prompt, cmd string) []scripted.Rule {
 			Answer: scripted.Answer{Text: "Working on it.", ToolCall: &scripted.ToolCall{Name: c.tool, Input: map[string]any{c.arg: cmd}}}})
 	}
 	return rules
+}
+
+// processesUnder lists the processes whose working directory is dir or
+// below it (deleted since, too), "pid cwd" each, and kills them.
+func processesUnder(dir string) []string {
+	pids, _ := filepath.Glob("/proc/[0-9]*")
+	var out []string
+	for _, p := range pids {
+		cwd, err := os.Readlink(filepath.Join(p, "cwd"))
+		if err != nil {
+			continue
+		}
+		if cwd == dir || strings.HasPrefix(cwd, dir+"/") {
+			out = append(out, filepath.Base(p)+" "+cwd)
+			if pid, err := strconv.Atoi(filepath.Base(p)); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	return out
 }
