@@ -58,6 +58,13 @@ func New(rdb redis.Cmdable, prefix string, now func() time.Time) *Manager {
 func (m *Manager) leaseKey(r string) string { return m.prefix + "lease:" + r }
 func (m *Manager) fenceKey(r string) string { return m.prefix + "fence:" + r }
 
+// FenceTTL is how long a resource's token counter outlives its last
+// acquire. Resources come and go (a sandbox id is used once), so counters
+// must not stay forever; a counter that expired is seeded from the clock
+// again, above every token it issued (fewer than one per microsecond).
+// Tokens are checked against the lease itself, never the counter.
+const FenceTTL = 24 * time.Hour
+
 // The lease value is "<token>|<holder>". Tokens are formatted with %.0f:
 // Lua numbers are doubles and their default formatting loses digits.
 var acquireScript = redis.NewScript(`
@@ -66,6 +73,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 redis.call('SET', KEYS[2], ARGV[3], 'NX')
 local tok = string.format('%.0f', redis.call('INCR', KEYS[2]))
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 redis.call('SET', KEYS[1], tok .. '|' .. ARGV[1], 'PX', ARGV[2])
 return {1, tok}
 `)
@@ -125,7 +133,7 @@ func (m *Manager) Acquire(ctx context.Context, resource, holder string, ttl time
 	}
 	seed := strconv.FormatInt(m.now().UnixMicro(), 10)
 	now := m.now()
-	res, err := acquireScript.Run(ctx, m.rdb, []string{m.leaseKey(resource), m.fenceKey(resource)}, holder, ms(ttl), seed).Result()
+	res, err := acquireScript.Run(ctx, m.rdb, []string{m.leaseKey(resource), m.fenceKey(resource)}, holder, ms(ttl), seed, ms(max(FenceTTL, 2*ttl))).Result()
 	if err != nil {
 		return Lease{}, unavailable(err)
 	}

@@ -179,6 +179,25 @@ func TestExpiryAndFencing(t *testing.T) {
 		if _, ok, _ := m.Get(ctx, "sb"); ok {
 			t.Error("lease present after release")
 		}
+		// The counter does not stay forever; once it has gone, tokens
+		// still go up.
+		fence := b.Prefix + "fence:sb"
+		if left, err := b.Client.PTTL(ctx, fence).Result(); err != nil || left <= 0 || left > lease.FenceTTL {
+			t.Fatalf("fence counter TTL = %v, %v; want at most %v", left, err, lease.FenceTTL)
+		}
+		if b.Mini != nil {
+			b.Expire(t, fence, lease.FenceTTL)
+		} else if err := b.Client.Del(ctx, fence).Err(); err != nil { // a day's wait, on a real server
+			t.Fatal(err)
+		}
+		clock = clock.Add(lease.FenceTTL)
+		cl, err := m.Acquire(ctx, "sb", "carol", ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cl.Token <= bl.Token {
+			t.Errorf("token after the counter expired %d not above %d", cl.Token, bl.Token)
+		}
 	})
 }
 
