@@ -67,8 +67,7 @@ git for-each-ref --format='ref %(objectname) %(refname) %(HEAD)' refs/heads/
 [ "$head" != none ] && [ "$base" != missing ] || exit 0
 tmp="$gitdir/hangar-tree-index.$nonce"
 lst="$gitdir/hangar-untracked.$nonce"
-ita="$gitdir/hangar-ita.$nonce"
-trap 'rm -f "$tmp" "$lst" "$ita"' EXIT
+trap 'rm -f "$tmp" "$lst"' EXIT
 if [ -f "$idx" ]; then
   if ! [ "$idx" -ef "$stamp" ]; then
     rm -f "$stamp" "$stamp.pre" "$stamp.tree"
@@ -85,11 +84,14 @@ if [ -f "$idx" ]; then
   # the real one is untouched, and its mtime comes along.
   ln "$idx" "$tmp" 2>/dev/null || cp -p "$idx" "$tmp"
 fi
-git ls-files -z --others --exclude-standard --directory > "$lst" &
+# The untracked scan, then the index's entries of the empty blob (an
+# intent-to-add entry, git add -N, is one), into one file.
+{
+  git ls-files -z --others --exclude-standard --directory
+  printf '/ita\0'
+  git ls-files -s -z | grep -z '^[0-7]* e69de29bb2d1d6434b8b29ae775ad8c2e48c5391 0	' || true
+} > "$lst" &
 scan=$!
-# Entries of the empty blob: an intent-to-add entry (git add -N) is one.
-git ls-files -s -z | grep -z '^[0-7]* e69de29bb2d1d6434b8b29ae775ad8c2e48c5391 0	' > "$ita" &
-itascan=$!
 if [ "$ctype" = tree ] && [ "$tmp" -ef "$stamp" ]; then itree="$ctree"; else
   itree="$(GIT_INDEX_FILE="$tmp" git write-tree 2>/dev/null)" || itree=-
   if [ "$itree" != - ] && [ "$idx" -ef "$stamp" ]; then echo "$itree" > "$stamp.tree" || true; fi
@@ -97,7 +99,6 @@ fi
 GIT_INDEX_FILE="$tmp" git add -A
 tree="$(GIT_INDEX_FILE="$tmp" git write-tree)"
 wait $scan
-wait $itascan || true
 echo "itree $itree"
 echo "tree $tree"
 if [ -n "$prev" ]; then
@@ -108,8 +109,6 @@ echo changes
 printf '%s %s\n%s %s\n%s %s\n' "$htree" "$itree" "$htree" "$tree" "$itree" "$tree" | git diff-tree --stdin --always -r -z --raw --no-renames
 printf '\0untracked\0'
 cat "$lst"
-printf '/ita\0'
-cat "$ita"
 `
 
 // treeScript prints the hash of the work tree as `git add $2` into a copy
