@@ -63,6 +63,21 @@ func (c *Claims) Replace(ctx context.Context, id, from, to string) (bool, error)
 	return n == 1, nil
 }
 
+// releaseScript drops a claim only if its holder is still the one given.
+var releaseScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then
+	return redis.call('DEL', KEYS[1])
+end
+return 0`)
+
+// Release drops session's claim on id, if it holds it (an archived session
+// continues nothing; its claims would stay in Redis for good).
+func (c *Claims) Release(ctx context.Context, id, session string) error {
+	if err := releaseScript.Run(ctx, c.rdb, []string{c.prefix + id}, session).Err(); err != nil {
+		return fmt.Errorf("release claim of conversation %s: %w", id, err)
+	}
+	return nil
+}
+
 // Holder says who holds id ("" when no one).
 func (c *Claims) Holder(ctx context.Context, id string) (string, error) {
 	v, err := c.rdb.Get(ctx, c.prefix+id).Result()

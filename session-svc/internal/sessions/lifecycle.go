@@ -212,7 +212,18 @@ func (m *Manager) Archive(ctx context.Context, name string) (*store.Session, err
 	if _, err := m.d.Checkpoints.ArchiveSessionCheckpoints(ctx, &checkpointv1.ArchiveSessionCheckpointsRequest{Session: name}); err != nil {
 		return nil, fmt.Errorf("drop checkpoints of %s: %w", name, err)
 	}
-	return m.transition(ctx, name, store.StateArchived, "archived", store.StateSuspended)
+	archived, err := m.transition(ctx, name, store.StateArchived, "archived", store.StateSuspended)
+	if err != nil {
+		return nil, err
+	}
+	if archived.ConversationID != "" && m.d.Claims != nil {
+		// Its conversation is free for a session that holds it too (a
+		// fork booted without a turn) to continue.
+		if err := m.d.Claims.Release(ctx, archived.ConversationID, name); err != nil {
+			m.log.WarnContext(ctx, "conversation claim not released", "session", name, "error", err)
+		}
+	}
+	return archived, nil
 }
 
 // Interrupt stops the running turn (it ends interrupted, checkpointed) and,
