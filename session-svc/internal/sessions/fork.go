@@ -156,15 +156,15 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 	var opened []*store.Session
 	var openErrs []error
 	var wg sync.WaitGroup
-	rest := 0
+	start := 0
 	if boot {
 		create(0)
 		if errs[0] != nil {
 			return out, errs[0]
 		}
-		rest = 1
+		start = 1
 	}
-	for i := rest; i < len(names); i++ {
+	for i := start; i < len(names); i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

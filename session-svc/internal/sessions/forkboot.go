@@ -20,9 +20,9 @@ import (
 // others get a copy of its sandbox (the sandbox service's copy_of), each
 // moved onto its own branch and conversation paths and verified against
 // the same tree hash. A fork whose copy can't be made or doesn't verify is
-// booted on its own. The result and errors are per session. With rest,
-// only the first fork's record need exist yet: its boot starts, then rest
-// waits for the others' (its errors, per session, are theirs).
+// booted on its own. The result and errors are per session. Only the first
+// fork's record need exist yet: its boot starts, then rest waits for the
+// others' (its errors, per session, are theirs).
 func (m *Manager) openForks(ctx context.Context, names []string, rest func() []error) ([]*store.Session, []error) {
 	out := make([]*store.Session, len(names))
 	errs := make([]error, len(names))
@@ -54,12 +54,9 @@ func (m *Manager) openForks(ctx context.Context, names []string, rest func() []e
 	} else {
 		close(booting)
 	}
-	var restErrs []error
-	if rest != nil {
-		restErrs = rest()
-	}
+	restErrs := rest()
 	for i := 1; i < len(names); i++ {
-		if i < len(restErrs) && restErrs[i] != nil {
+		if restErrs[i] != nil {
 			errs[i] = restErrs[i]
 			continue
 		}
