@@ -62,6 +62,7 @@ type stack struct {
 	checkpoints checkpointv1.CheckpointServiceClient
 	gateway     gatewayv1.GatewayServiceClient
 	env         map[string]string
+	ctl         *stackControl
 }
 
 // startStack runs the whole stack in-process (every address a free
@@ -102,8 +103,31 @@ func startStack(t testing.TB, opts stackOptions) *stack {
 	var cfg up.Config
 	cfg.Home, cfg.Addr, cfg.LogLevel, cfg.LogFormat = filepath.Join(t.TempDir(), "hangar"), "127.0.0.1:0", "error", "text"
 	cfg.SessionClock = opts.clock
+	ctl := &stackControl{cfg: cfg, vars: vars}
+	t.Cleanup(func() { ctl.stop(t) })
+	return ctl.start(t)
+}
+
+// stackControl starts, stops and restarts one hangar on one data directory.
+type stackControl struct {
+	cfg     up.Config
+	vars    map[string]string
+	cancel  context.CancelFunc
+	running *up.Stack
+	conn    interface{ Close() error }
+}
+
+// start runs hangar on the control's data directory and returns clients of
+// it; the test's cleanup stops it.
+func (c *stackControl) start(t testing.TB) *stack {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	running, err := up.Start(ctx, cfg, lookup(vars), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var logs io.Writer = io.Discard
+	if os.Getenv("HANGAR_E2E_LOG") != "" {
+		// HANGAR_E2E_LOG=1 shows hangar's log while debugging a test.
+		logs = os.Stderr
+	}
+	running, err := up.Start(ctx, c.cfg, lookup(c.vars), slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if err != nil {
 		cancel()
 		t.Fatalf("starting hangar: %v", err)
@@ -113,26 +137,45 @@ func startStack(t testing.TB, opts stackOptions) *stack {
 		cancel()
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		conn.Close()
-		cancel()
-		if err := running.Wait(); err != nil {
-			t.Errorf("hangar stopped with %v", err)
-		}
-		// Nothing a sandbox ran outlives hangar (the agent CLIs start
-		// their tool shells detached, out of the exec's process group).
-		if left := processesUnder(cfg.Home); len(left) > 0 {
-			t.Errorf("processes left running in hangar's sandboxes after it stopped (killed now): %v", left)
-		}
-	})
+	c.cancel, c.running, c.conn = cancel, running, conn
 	return &stack{
 		sessions:    sessionv1.NewSessionServiceClient(conn),
 		jobs:        sessionv1.NewJobServiceClient(conn),
 		sandboxes:   sandboxv1.NewSandboxServiceClient(conn),
 		checkpoints: checkpointv1.NewCheckpointServiceClient(conn),
 		gateway:     gatewayv1.NewGatewayServiceClient(conn),
-		env:         map[string]string{"HANGAR_URL": running.URL, "HANGAR_TOKEN": running.Token, "HANGAR_HOME": filepath.Join(t.TempDir(), "client")},
+		env:         map[string]string{"HANGAR_URL": running.URL, "HANGAR_TOKEN": running.Token, "HANGAR_HOME": filepath.Join(c.cfg.Home, "..", "client")},
+		ctl:         c,
 	}
+}
+
+// stop stops the running hangar the way Ctrl-C does (a graceful, ordered
+// stop) and checks that nothing its sandboxes ran outlives it. Stopping a
+// stopped hangar does nothing.
+func (c *stackControl) stop(t testing.TB) {
+	t.Helper()
+	if c.running == nil {
+		return
+	}
+	_ = c.conn.Close()
+	c.cancel()
+	if err := c.running.Wait(); err != nil {
+		t.Errorf("hangar stopped with %v", err)
+	}
+	c.running = nil
+	// Nothing a sandbox ran outlives hangar (the agent CLIs start
+	// their tool shells detached, out of the exec's process group).
+	if left := processesUnder(c.cfg.Home); len(left) > 0 {
+		t.Errorf("processes left running in hangar's sandboxes after it stopped (killed now): %v", left)
+	}
+}
+
+// restart stops hangar gracefully and starts it again on the same data
+// directory; the returned stack's clients reach the new one.
+func (s *stack) restart(t testing.TB) *stack {
+	t.Helper()
+	s.ctl.stop(t)
+	return s.ctl.start(t)
 }
 
 func lookup(vars map[string]string) func(string) (string, bool) {

@@ -18,10 +18,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -76,12 +77,16 @@ type Stack struct {
 	// no model credentials are set (empty when a real upstream is set).
 	OfflineModel string
 
-	group *errgroup.Group
+	done chan struct{}
+	err  error
 }
 
-// Wait blocks until the stack has stopped (its context ended) and returns the
-// first error any part stopped with.
-func (s *Stack) Wait() error { return s.group.Wait() }
+// Wait blocks until the stack has stopped (its context ended, then every
+// part stopped in order) and returns the errors parts stopped with.
+func (s *Stack) Wait() error {
+	<-s.done
+	return s.err
+}
 
 // serviceSpec is one service as up starts it.
 type serviceSpec struct {
@@ -101,7 +106,7 @@ type app interface {
 	Run(ctx context.Context, lis net.Listener) error
 }
 
-func specs(clock sessionapp.Clock) []serviceSpec {
+func specs(clock sessionapp.Clock, soleReplica bool) []serviceSpec {
 	return []serviceSpec{
 		{
 			name: sessionapp.Name, addrVar: "HANGAR_SESSION_ADDR",
@@ -116,6 +121,7 @@ func specs(clock sessionapp.Clock) []serviceSpec {
 					return nil, err
 				}
 				cfg.Clock = clock
+				cfg.SoleReplica = soleReplica
 				return sessionapp.New(ctx, cfg, logger)
 			},
 		},
@@ -240,7 +246,7 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 	}
 
 	// Every service's settings are checked before anything listens.
-	all := specs(cfg.SessionClock)
+	all := specs(cfg.SessionClock, redis != nil)
 	addrs := make([]string, len(all))
 	for i, spec := range all {
 		if addrs[i], err = spec.addr(env); err != nil {
@@ -271,15 +277,15 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 	if model != nil {
 		stack.OfflineModel = model.URL
 	}
-	group, gctx := errgroup.WithContext(ctx)
-	apps := make([]app, len(all))
+	apps := make([]app, 0, len(all))
 	routes := map[string]http.Handler{}
 	for i, spec := range all {
 		a, err := spec.build(ctx, env, logger)
 		if err != nil {
+			closeUnstarted(apps, listeners)
 			return fail(fmt.Errorf("%s: %w", spec.name, err))
 		}
-		apps[i] = a
+		apps = append(apps, a)
 		for _, name := range spec.grpcServices {
 			routes["/"+name+"/"] = a.Handler()
 		}
@@ -302,36 +308,157 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		OpenAPI: openapi.Document,
 	})
 	if err != nil {
+		closeUnstarted(apps, listeners)
 		return fail(err)
 	}
 	if err := os.WriteFile(filepath.Join(cfg.Home, "endpoint"), []byte(stack.URL+"\n"), 0o600); err != nil {
+		closeUnstarted(apps, listeners)
 		return fail(fmt.Errorf("HANGAR_HOME=%s: cannot write the endpoint file: %w", cfg.Home, err))
 	}
 
-	// From here on, the errgroup owns the listeners and the redis.
-	for i := range all {
-		a, lis := apps[i], listeners[i]
-		group.Go(func() error { return a.Run(gctx, lis) })
-	}
-	group.Go(func() error { return frontDoor.Serve(gctx, front) })
+	// From here on, the parts own the listeners and the redis. Each runs on
+	// a context of its own so that the stop is ordered (see stopOrder).
+	byName := map[string]int{}
 	for i, spec := range all {
-		addr := listeners[i].Addr().String()
-		group.Go(func() error {
-			mirrorHealth(gctx, addr, token, spec.grpcServices, frontDoor.Health(), logger)
-			return nil
-		})
+		byName[spec.name] = i
 	}
+	var parts []*part
+	for i, spec := range all {
+		a, lis := apps[i], listeners[i]
+		parts = append(parts, startPart(spec.name, stageOf[spec.name], func(ctx context.Context) error { return a.Run(ctx, lis) }))
+	}
+	parts = append(parts, startPart("front door", stageFront, func(ctx context.Context) error {
+		var mirrors sync.WaitGroup
+		for i, spec := range all {
+			addr := listeners[i].Addr().String()
+			mirrors.Go(func() { mirrorHealth(ctx, addr, token, spec.grpcServices, frontDoor.Health(), logger) })
+		}
+		err := frontDoor.Serve(ctx, front)
+		mirrors.Wait()
+		return err
+	}))
 	if model != nil {
-		group.Go(func() error { return model.serve(gctx) })
+		parts = append(parts, startPart("offline model", stageBackends, model.serve))
 	}
 	if redis != nil {
-		group.Go(func() error {
-			<-gctx.Done()
+		parts = append(parts, startPart("embedded redis", stageStore, func(ctx context.Context) error {
+			<-ctx.Done()
 			return redis.Close()
-		})
+		}))
 	}
-	stack.group = group
+	stack.done = make(chan struct{})
+	go func() {
+		defer close(stack.done)
+		stack.err = stopInOrder(ctx, parts, logger)
+	}()
 	return stack, nil
+}
+
+// Stop stages: a stage starts stopping once every part of the stages
+// before it has stopped.
+const (
+	// session-svc drains first: it refuses new work, ends running turns
+	// (interrupted, checkpointed) and checkpoints and suspends every session
+	// that is up, which needs every other service still serving.
+	stageSessions = iota
+	// Then the front door (its clients saw their turns end) and replay-svc.
+	stageFront
+	// Then sandbox-svc destroys what is left (nothing, if the drain went
+	// well) and releases its directory.
+	stageSandboxes
+	// Then what the sandboxes and the drain used.
+	stageBackends
+	// Redis last: every part above keeps leases, holds or runs in it.
+	stageStore
+)
+
+var stageOf = map[string]int{
+	sessionapp.Name:    stageSessions,
+	replayapp.Name:     stageFront,
+	sandboxapp.Name:    stageSandboxes,
+	checkpointapp.Name: stageBackends,
+	gatewayapp.Name:    stageBackends,
+}
+
+var stageNames = map[int]string{
+	stageSessions:  "sessions: ending turns, checkpointing and suspending every session that is up",
+	stageFront:     "front door and replay",
+	stageSandboxes: "sandboxes",
+	stageBackends:  "checkpoints, gateway and model",
+	stageStore:     "redis",
+}
+
+// part is one piece of the running stack.
+type part struct {
+	name  string
+	stage int
+	stop  context.CancelFunc
+	done  chan struct{}
+	err   error
+}
+
+// startPart runs run on a context of its own, cancelled only by stop.
+func startPart(name string, stage int, run func(ctx context.Context) error) *part {
+	ctx, stop := context.WithCancel(context.Background())
+	p := &part{name: name, stage: stage, stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.err = run(ctx)
+	}()
+	return p
+}
+
+// stopInOrder waits until ctx ends or a part stops by itself (a failure),
+// then stops the parts stage by stage, logging each step, and returns the
+// first error a part stopped with.
+func stopInOrder(ctx context.Context, parts []*part, logger *slog.Logger) error {
+	early := make(chan *part, len(parts))
+	for _, p := range parts {
+		go func() {
+			<-p.done
+			early <- p
+		}()
+	}
+	select {
+	case <-ctx.Done():
+		logger.Info("stopping hangar")
+	case p := <-early:
+		logger.Error("a part stopped on its own; stopping hangar", "part", p.name, "error", p.err)
+	}
+	stages := map[int][]*part{}
+	var order []int
+	for _, p := range parts {
+		if _, ok := stages[p.stage]; !ok {
+			order = append(order, p.stage)
+		}
+		stages[p.stage] = append(stages[p.stage], p)
+	}
+	slices.Sort(order)
+	var errs []error
+	for _, stage := range order {
+		started := time.Now()
+		for _, p := range stages[stage] {
+			p.stop()
+		}
+		for _, p := range stages[stage] {
+			<-p.done
+			if p.err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", p.name, p.err))
+			}
+		}
+		logger.Info("stopped", "step", stageNames[stage], "took", time.Since(started).Round(time.Millisecond))
+	}
+	return errors.Join(errs...)
+}
+
+// closeUnstarted releases apps built but never run (a later part failed to
+// start): each runs on an ended context, which closes what it holds.
+func closeUnstarted(apps []app, listeners []net.Listener) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := len(apps) - 1; i >= 0; i-- {
+		_ = apps[i].Run(ctx, listeners[i])
+	}
 }
 
 // mirrorHealth copies a service's health onto the front door's health server
@@ -363,6 +490,8 @@ func mirrorHealth(ctx context.Context, addr, token string, names []string, into 
 }
 
 func watchHealth(ctx context.Context, conn *grpc.ClientConn, set func(healthpb.HealthCheckResponse_ServingStatus)) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the stream when the watch returns
 	stream, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
 	if err != nil {
 		return
@@ -373,6 +502,11 @@ func watchHealth(ctx context.Context, conn *grpc.ClientConn, set func(healthpb.H
 			return
 		}
 		set(resp.GetStatus())
+		if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			// A service that stops serving is draining: end the watch, or
+			// the drain waits for this stream until it times out.
+			return
+		}
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
@@ -121,7 +120,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 			Harnesses: harness.Options{
 				ClaudeBin: cfg.ClaudeBin, CodexBin: cfg.CodexBin, PiBin: cfg.PiBin, PiNodeBinDir: cfg.PiNodeBinDir,
 			},
-			ForkMax: cfg.ForkMax,
+			ForkMax:     cfg.ForkMax,
+			SoleReplica: cfg.SoleReplica,
 		},
 		Claims: sessions.NewClaims(redis.Client, "hangar:session:claims:"),
 	})
@@ -162,21 +162,60 @@ func (a *App) close() error {
 // Handler serves gRPC and REST in-process (for a front door).
 func (a *App) Handler() http.Handler { return a.svc.Handler() }
 
+// drainTimeout bounds a graceful stop's drain: ending running turns and
+// checkpointing and suspending every session up in this process.
+const drainTimeout = 3 * time.Minute
+
 // Run serves on lis and runs the idle clock, periodic checkpoints and
-// destroy hooks until ctx ends; then running turns end (interrupted,
-// checkpointed) and resources are released.
+// destroy hooks until ctx ends. Then, in order: new work is refused,
+// running turns end (interrupted, checkpointed), every session up in this
+// process is checkpointed and suspended, and only then does the server stop
+// and are resources released. The other services must still serve while
+// Run drains (hangar up stops them after it).
 func (a *App) Run(ctx context.Context, lis net.Listener) error {
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return a.svc.Serve(gctx, lis) })
-	g.Go(func() error { return a.manager.Run(gctx, a.tick) })
-	err := g.Wait()
-	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	base := context.WithoutCancel(ctx)
+	serveCtx, stopServing := context.WithCancel(base)
+	defer stopServing()
+	served := make(chan error, 1)
+	go func() { served <- a.svc.Serve(serveCtx, lis) }()
+	bgCtx, stopBackground := context.WithCancel(base)
+	defer stopBackground()
+	background := make(chan error, 1)
+	go func() { background <- a.manager.Run(bgCtx, a.tick) }()
+
+	var err error
+	serving, running := true, true
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		serving = false
+	case err = <-background:
+		running = false
+	}
+	log := a.svc.Logger()
+	log.InfoContext(base, "draining: ending turns, suspending sessions")
+	drainCtx, cancel := context.WithTimeout(base, drainTimeout)
 	defer cancel()
-	if cerr := a.manager.Close(closeCtx); cerr != nil {
-		a.svc.Logger().WarnContext(ctx, "turns did not end in time", "error", cerr)
+	if derr := a.manager.Drain(drainCtx); derr != nil {
+		log.ErrorContext(base, "drain incomplete", "error", derr)
+	}
+	stopBackground()
+	if running {
+		if berr := <-background; err == nil {
+			err = berr
+		}
+	}
+	if cerr := a.manager.Close(drainCtx); cerr != nil {
+		log.WarnContext(base, "background work did not end in time", "error", cerr)
+	}
+	stopServing()
+	if serving {
+		if serr := <-served; err == nil {
+			err = serr
+		}
 	}
 	if cerr := a.close(); cerr != nil {
-		a.svc.Logger().WarnContext(ctx, "session-svc resources not released", "error", cerr)
+		log.WarnContext(base, "session-svc resources not released", "error", cerr)
 	}
 	return err
 }

@@ -41,6 +41,11 @@ type Config struct {
 	// Clock drives the idle clock; zero means real time. Not a setting:
 	// tests set it.
 	Clock Clock
+	// SoleReplica says this is the only session-svc on its records (hangar
+	// up with its embedded Redis): at start, a session found resuming or
+	// suspending was left so by this service's own previous process. Not a
+	// setting: hangar up sets it.
+	SoleReplica bool
 }
 
 // Clock is the time the session lifecycle sees: Now for the idle clock and

@@ -11,7 +11,11 @@ import (
 	"path"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
@@ -29,9 +33,11 @@ func (m *Manager) Run(ctx context.Context, tick <-chan time.Time) error {
 		defer ticker.Stop()
 		tick = ticker.C
 	}
+	m.recoverAtStart(ctx)
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
+		defer logging.Recover(ctx, m.log, "destroy watch")
 		m.watchDestroys(ctx)
 	}()
 	defer func() { <-watchDone }()
@@ -40,13 +46,20 @@ func (m *Manager) Run(ctx context.Context, tick <-chan time.Time) error {
 		case <-ctx.Done():
 			return nil
 		case <-tick:
-			m.Sweep(ctx)
+			m.sweepGuarded(ctx)
 		}
 	}
 }
 
+// sweepGuarded is one sweep that a panic ends without ending the loop.
+func (m *Manager) sweepGuarded(ctx context.Context) {
+	defer logging.Recover(ctx, m.log, "idle sweep")
+	m.Sweep(ctx)
+}
+
 // Sweep does one round of the idle clock and the periodic checkpoints.
 func (m *Manager) Sweep(ctx context.Context) {
+	m.recoverStuck(ctx)
 	sessions, err := m.d.Store.ListSessionsByState(ctx, store.StateIdle, store.StateNeedsInput)
 	if err != nil {
 		m.log.WarnContext(ctx, "idle sweep could not list sessions", "error", err)
@@ -55,6 +68,14 @@ func (m *Manager) Sweep(ctx context.Context) {
 	now := m.now()
 	for _, s := range sessions {
 		if s.SandboxID == "" {
+			continue
+		}
+		if m.sandboxGone(ctx, s) {
+			// Its sandbox went without a destroy notice (a sandbox
+			// service that crashed): suspend it from its checkpoint.
+			if _, err := m.recoverSession(ctx, s); err != nil {
+				m.log.WarnContext(ctx, "session with a gone sandbox not recovered", "session", s.Name, "error", err)
+			}
 			continue
 		}
 		at, err := m.SuspendAt(ctx, s)
@@ -71,6 +92,34 @@ func (m *Manager) Sweep(ctx context.Context) {
 		}
 		m.periodicCheckpoint(ctx, s, now)
 	}
+}
+
+// recoverStuck recovers the sessions a stopped process left running,
+// resuming or suspending (recoverSession leaves the live ones alone).
+func (m *Manager) recoverStuck(ctx context.Context) {
+	stuck, err := m.d.Store.ListSessionsByState(ctx, store.StateRunning, store.StateResuming, store.StateSuspending)
+	if err != nil {
+		m.log.WarnContext(ctx, "idle sweep could not list sessions", "error", err)
+		return
+	}
+	for _, s := range stuck {
+		if _, err := m.recoverSession(ctx, s); err != nil {
+			m.log.WarnContext(ctx, "stuck session not recovered", "session", s.Name, "state", s.State, "error", err)
+		}
+	}
+}
+
+// sandboxGone says the sandbox service no longer has s's sandbox, or has
+// it for another holder (not said on errors: the sweep tries again).
+func (m *Manager) sandboxGone(ctx context.Context, s *store.Session) bool {
+	m.mu.Lock()
+	_, here := m.leases[s.Name]
+	m.mu.Unlock()
+	if here {
+		return false
+	}
+	_, err := m.d.Sandboxes.GetSandbox(ctx, &sandboxv1.GetSandboxRequest{SandboxId: s.SandboxID})
+	return status.Code(err) == codes.NotFound
 }
 
 // periodicCheckpoint checkpoints an up session every CheckpointMinutes; the

@@ -49,6 +49,9 @@ type Fork struct {
 // fork's first turn forks with the CLI's own fork. A parent that is mid-turn
 // is refused.
 func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
+	if err := m.refuseWhileDraining(); err != nil {
+		return nil, err
+	}
 	if err := ValidName("name", in.Parent); err != nil {
 		return nil, err
 	}

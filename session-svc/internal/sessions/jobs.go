@@ -13,6 +13,7 @@ import (
 
 	"github.com/hangar-dev/hangar/api/sandboxexec"
 	"github.com/hangar-dev/hangar/platform/fault"
+	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
@@ -120,6 +121,7 @@ func (js *Jobs) Create(ctx context.Context, in JobInput) (*Job, error) {
 	js.m.wg.Add(1)
 	go func() {
 		defer js.m.wg.Done()
+		defer logging.Recover(js.m.background, js.m.log, "job")
 		js.run(js.m.background, &run)
 	}()
 	return job, nil
@@ -226,6 +228,7 @@ func (js *Jobs) run(ctx context.Context, j *Job) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer logging.Recover(ctx, js.m.log, "job attempt")
 			attempts[i] = js.attempt(ctx, j.Check, s.Name, fork.Turns[i].Number)
 		}()
 	}

@@ -155,6 +155,9 @@ func (m *Manager) beginOpen(ctx context.Context, name string) (s *store.Session,
 	if cur.SandboxID != "" {
 		return cur, true, nil
 	}
+	if err := m.refuseWhileDraining(); err != nil {
+		return nil, false, err
+	}
 	s, err = m.transition(ctx, name, store.StateResuming, "open", store.StateSuspended, store.StateFailed)
 	return s, false, err
 }

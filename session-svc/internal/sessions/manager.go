@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
@@ -45,6 +46,10 @@ type Config struct {
 	LeaseTTL time.Duration
 	// ForkMax is the most forks one Fork call makes (HANGAR_FORK_MAX).
 	ForkMax int
+	// SoleReplica says no other session-svc shares the records (hangar up,
+	// with its embedded Redis): a session found resuming or suspending at
+	// start was left so by this service's previous process.
+	SoleReplica bool
 }
 
 // Deps are the lifecycle's collaborators.
@@ -80,6 +85,9 @@ type Manager struct {
 	leases map[string]*leaseKeeper
 	// sandboxes caches the paths of sandboxes this process acquired.
 	sandboxes map[string]*sandboxv1.Sandbox
+
+	// draining is set by Drain: new work is refused.
+	draining atomic.Bool
 
 	wg sync.WaitGroup
 	// background is the context turns run in: it outlives the request that

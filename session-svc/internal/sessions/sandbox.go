@@ -15,6 +15,7 @@ import (
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
@@ -43,6 +44,7 @@ func (m *Manager) keepLease(name, sandboxID string, token uint64) {
 	m.mu.Unlock()
 	go func() {
 		defer close(k.done)
+		defer logging.Recover(ctx, m.log, "lease renewal")
 		ticker := time.NewTicker(m.cfg.LeaseTTL / 3)
 		defer ticker.Stop()
 		for {

@@ -21,6 +21,7 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
 	"github.com/hangar-dev/hangar/platform/fault"
+	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
@@ -158,6 +159,9 @@ func (m *Manager) Send(ctx context.Context, name string, in TurnInput) (*store.S
 	if err := validOutputSchema(in.OutputSchema); err != nil {
 		return nil, nil, err
 	}
+	if err := m.refuseWhileDraining(); err != nil {
+		return nil, nil, err
+	}
 	cur, err := m.get(ctx, name)
 	if err != nil {
 		return nil, nil, err
@@ -202,6 +206,7 @@ func (m *Manager) Send(ctx context.Context, name string, in TurnInput) (*store.S
 		defer m.wg.Done()
 		defer close(at.done)
 		defer cancel(nil)
+		defer logging.Recover(runCtx, m.log, "turn")
 		m.runTurn(runCtx, name, turn.Number, in, at)
 		m.mu.Lock()
 		if m.turns[name] == at {
@@ -253,6 +258,7 @@ func (m *Manager) renewHold(ctx context.Context, name, id string) func() {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer logging.Recover(ctx, m.log, "hold renewal")
 		ticker := time.NewTicker(m.cfg.LeaseTTL / 3)
 		defer ticker.Stop()
 		for {
@@ -430,6 +436,8 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	switch {
 	case errors.Is(context.Cause(ctx), errInterrupted):
 		res.outcome, res.reason = "interrupted", "interrupted"
+	case errors.Is(context.Cause(ctx), errShutdown):
+		res.outcome, res.reason = "interrupted", "hangar shut down during the turn: the work so far is checkpointed; send again to continue"
 	case errors.Is(execCtx.Err(), context.DeadlineExceeded):
 		res.outcome, res.reason = "failed", limitReason
 		if turn.Budget.MaxMinutes > 0 {
@@ -465,21 +473,29 @@ func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string,
 		log.WarnContext(ctx, "turn end not recorded", "error", err)
 		return
 	}
+	// A failed update keeps the session as last read: s is never nil.
 	if res.conversationID != "" && res.conversationID != s.ConversationID {
-		s, err = m.d.Store.UpdateSession(ctx, name, func(cur *store.Session) error {
+		updated, err := m.d.Store.UpdateSession(ctx, name, func(cur *store.Session) error {
 			cur.ConversationID = res.conversationID
 			return nil
 		})
 		if err != nil {
 			log.WarnContext(ctx, "conversation id not recorded", "error", err)
+		} else {
+			s = updated
 		}
 	}
 	turn, _ := m.d.Store.GetTurn(ctx, name, number)
 	if turn != nil && turn.Harness != s.Harness {
-		s, _ = m.d.Store.UpdateSession(ctx, name, func(cur *store.Session) error {
+		updated, err := m.d.Store.UpdateSession(ctx, name, func(cur *store.Session) error {
 			cur.Harness = turn.Harness
 			return nil
 		})
+		if err != nil {
+			log.WarnContext(ctx, "harness switch not recorded", "error", err)
+		} else {
+			s = updated
+		}
 	}
 	checkpointID := ""
 	if s.SandboxID != "" {
