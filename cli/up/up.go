@@ -421,7 +421,7 @@ func stopInOrder(ctx context.Context, parts []*part, logger *slog.Logger) error 
 	}
 	select {
 	case <-ctx.Done():
-		logger.Info("stopping hangar")
+		logger.Info("stopping hangar: checkpointing and suspending sessions first (a second Ctrl-C stops at once)")
 	case p := <-early:
 		logger.Error("a part stopped on its own; stopping hangar", "part", p.name, "error", p.err)
 	}

@@ -15,6 +15,12 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		// The first signal starts a graceful stop (hangar up checkpoints
+		// and suspends its sessions); a second one stops at once.
+		<-ctx.Done()
+		stop()
+	}()
 	err := command.Execute(ctx, command.Streams{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}, os.Args[1:], os.LookupEnv)
 	stop()
 	var exit *command.ExitError

@@ -165,6 +165,12 @@ type Sandbox interface {
 	Destroy(ctx context.Context, hooks ...DestroyHook) error
 }
 
+// ProcessKiller is a Sandbox that can end every process running in it
+// (whatever they started, detached or not) and stay usable.
+type ProcessKiller interface {
+	KillProcesses(ctx context.Context) error
+}
+
 // Driver builds sandboxes.
 type Driver interface {
 	Name() string

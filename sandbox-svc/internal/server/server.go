@@ -780,6 +780,23 @@ func (s *Server) ReleaseSandbox(ctx context.Context, req *sandboxv1.ReleaseSandb
 	return &sandboxv1.ReleaseSandboxResponse{}, nil
 }
 
+// KillProcesses ends every process running in a leased sandbox.
+func (s *Server) KillProcesses(ctx context.Context, req *sandboxv1.KillProcessesRequest) (*sandboxv1.KillProcessesResponse, error) {
+	e, err := s.use(ctx, req.GetSandboxId(), req.GetFencingToken())
+	if err != nil {
+		return nil, err
+	}
+	killer, ok := e.sb.(driver.ProcessKiller)
+	if !ok {
+		return nil, fault.Unimplemented("this sandbox driver cannot end a sandbox's processes")
+	}
+	if err := killer.KillProcesses(ctx); err != nil {
+		return nil, fmt.Errorf("kill processes of %s: %w", e.id, err)
+	}
+	s.closeTerminals(e.id)
+	return &sandboxv1.KillProcessesResponse{}, nil
+}
+
 // ListSandboxes lists leased sandboxes and ready pool sandboxes.
 func (s *Server) ListSandboxes(ctx context.Context, req *sandboxv1.ListSandboxesRequest) (*sandboxv1.ListSandboxesResponse, error) {
 	if env := req.GetEnvironment(); env != "" {

@@ -180,6 +180,7 @@ func (m *Manager) onDestroy(ctx context.Context, n *sandboxv1.DestroyNotice) {
 	deadline := n.GetDeadline().AsTime()
 	cctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	m.killProcesses(cctx, name, n.GetSandboxId(), n.GetFencingToken())
 	if _, err := m.checkpoint(cctx, s, 0, "before_destroy", n.GetFencingToken()); err != nil {
 		m.log.ErrorContext(ctx, "checkpoint before destroy failed", "session", name, "sandbox", n.GetSandboxId(), "error", err)
 	}

@@ -102,6 +102,10 @@ func (m *Manager) Suspend(ctx context.Context, name, reason string) (*store.Sess
 		return nil, err
 	}
 	if s.SandboxID != "" {
+		// The sandbox is going: nothing may write its tree while it is
+		// captured (a background process would make the checkpoint
+		// disagree with itself).
+		m.killProcesses(ctx, s.Name, s.SandboxID, s.FencingToken)
 		if _, err := m.checkpoint(ctx, s, 0, "suspend", 0); err != nil {
 			// Keep the sandbox: releasing it now would lose work.
 			_, _ = m.transition(context.WithoutCancel(ctx), name, cur.State, "suspend failed: no checkpoint", store.StateSuspending)

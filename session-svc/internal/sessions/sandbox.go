@@ -240,6 +240,15 @@ func (m *Manager) releaseSandbox(ctx context.Context, name, sandboxID string, to
 	}
 }
 
+// killProcesses ends every process in a session's sandbox (what a turn or
+// a command left running, detached or not), so that a checkpoint reads a
+// tree nothing writes. A failure is logged: the checkpoint is still taken.
+func (m *Manager) killProcesses(ctx context.Context, name, sandboxID string, token uint64) {
+	if _, err := m.d.Sandboxes.KillProcesses(ctx, &sandboxv1.KillProcessesRequest{SandboxId: sandboxID, FencingToken: token}); err != nil {
+		m.log.WarnContext(ctx, "sandbox processes not ended before a checkpoint", "session", name, "sandbox", sandboxID, "error", err)
+	}
+}
+
 // releaseWait bounds waiting for a released sandbox to be destroyed (its
 // destroy hooks may checkpoint first).
 const releaseWait = 2 * time.Minute

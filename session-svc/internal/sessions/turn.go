@@ -499,6 +499,11 @@ func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string,
 	}
 	checkpointID := ""
 	if s.SandboxID != "" {
+		if res.outcome != store.OutcomeCompleted && res.outcome != store.OutcomeNeedsInput {
+			// The agent was stopped mid-step: its tool shells (started
+			// detached) may still be writing the tree.
+			m.killProcesses(ctx, name, s.SandboxID, s.FencingToken)
+		}
 		cp, err := m.checkpoint(ctx, s, number, "after_turn", 0)
 		if err != nil {
 			res.warnings = append(res.warnings, "no checkpoint after this turn: "+publicMessage(err))

@@ -832,6 +832,94 @@ func (*ReleaseSandboxResponse) Descriptor() ([]byte, []int) {
 	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{15}
 }
 
+type KillProcessesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	FencingToken  uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KillProcessesRequest) Reset() {
+	*x = KillProcessesRequest{}
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KillProcessesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KillProcessesRequest) ProtoMessage() {}
+
+func (x *KillProcessesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KillProcessesRequest.ProtoReflect.Descriptor instead.
+func (*KillProcessesRequest) Descriptor() ([]byte, []int) {
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *KillProcessesRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *KillProcessesRequest) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+type KillProcessesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KillProcessesResponse) Reset() {
+	*x = KillProcessesResponse{}
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KillProcessesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KillProcessesResponse) ProtoMessage() {}
+
+func (x *KillProcessesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KillProcessesResponse.ProtoReflect.Descriptor instead.
+func (*KillProcessesResponse) Descriptor() ([]byte, []int) {
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{17}
+}
+
 type ListSandboxesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only this environment's (all when empty).
@@ -842,7 +930,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[16]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +942,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[16]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +955,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{16}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListSandboxesRequest) GetEnvironment() string {
@@ -886,7 +974,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[17]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +986,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[17]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +999,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{17}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -930,7 +1018,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[18]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1030,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[18]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1043,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{18}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -974,7 +1062,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[19]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1074,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[19]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1087,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{19}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -1024,7 +1112,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[20]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1036,7 +1124,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[20]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1049,7 +1137,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{20}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -1140,7 +1228,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[21]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1240,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[21]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1253,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{21}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -1236,7 +1324,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[22]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1336,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[22]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1349,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{22}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -1295,7 +1383,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[23]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1395,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[23]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1408,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{23}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadFileResponse) GetInfo() *FileInfo {
@@ -1351,7 +1439,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[24]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1451,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[24]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1464,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{24}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -1423,7 +1511,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[25]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1523,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[25]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1536,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{25}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WriteFileResponse) GetInfo() *FileInfo {
@@ -1469,7 +1557,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[26]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1569,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[26]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1582,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{26}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatFileRequest) GetSandboxId() string {
@@ -1527,7 +1615,7 @@ type StatFileResponse struct {
 
 func (x *StatFileResponse) Reset() {
 	*x = StatFileResponse{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[27]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1539,7 +1627,7 @@ func (x *StatFileResponse) String() string {
 func (*StatFileResponse) ProtoMessage() {}
 
 func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[27]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1552,7 +1640,7 @@ func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileResponse.ProtoReflect.Descriptor instead.
 func (*StatFileResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{27}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatFileResponse) GetInfo() *FileInfo {
@@ -1574,7 +1662,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[28]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +1674,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[28]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +1687,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{28}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListFilesRequest) GetSandboxId() string {
@@ -1632,7 +1720,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[29]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1732,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[29]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1745,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{29}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -1682,7 +1770,7 @@ type AttachTerminalRequest struct {
 
 func (x *AttachTerminalRequest) Reset() {
 	*x = AttachTerminalRequest{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[30]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +1782,7 @@ func (x *AttachTerminalRequest) String() string {
 func (*AttachTerminalRequest) ProtoMessage() {}
 
 func (x *AttachTerminalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[30]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +1795,7 @@ func (x *AttachTerminalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachTerminalRequest.ProtoReflect.Descriptor instead.
 func (*AttachTerminalRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{30}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AttachTerminalRequest) GetMsg() isAttachTerminalRequest_Msg {
@@ -1800,7 +1888,7 @@ type TerminalOpen struct {
 
 func (x *TerminalOpen) Reset() {
 	*x = TerminalOpen{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[31]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1900,7 @@ func (x *TerminalOpen) String() string {
 func (*TerminalOpen) ProtoMessage() {}
 
 func (x *TerminalOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[31]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1913,7 @@ func (x *TerminalOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalOpen.ProtoReflect.Descriptor instead.
 func (*TerminalOpen) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{31}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *TerminalOpen) GetSandboxId() string {
@@ -1881,7 +1969,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[32]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +1981,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[32]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +1994,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{32}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TerminalSize) GetRows() uint32 {
@@ -1937,7 +2025,7 @@ type AttachTerminalResponse struct {
 
 func (x *AttachTerminalResponse) Reset() {
 	*x = AttachTerminalResponse{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[33]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1949,7 +2037,7 @@ func (x *AttachTerminalResponse) String() string {
 func (*AttachTerminalResponse) ProtoMessage() {}
 
 func (x *AttachTerminalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[33]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1962,7 +2050,7 @@ func (x *AttachTerminalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachTerminalResponse.ProtoReflect.Descriptor instead.
 func (*AttachTerminalResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{33}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *AttachTerminalResponse) GetMsg() isAttachTerminalResponse_Msg {
@@ -2033,7 +2121,7 @@ type WatchDestroysRequest struct {
 
 func (x *WatchDestroysRequest) Reset() {
 	*x = WatchDestroysRequest{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[34]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2133,7 @@ func (x *WatchDestroysRequest) String() string {
 func (*WatchDestroysRequest) ProtoMessage() {}
 
 func (x *WatchDestroysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[34]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2146,7 @@ func (x *WatchDestroysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDestroysRequest.ProtoReflect.Descriptor instead.
 func (*WatchDestroysRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{34}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WatchDestroysRequest) GetSubscriber() string {
@@ -2077,7 +2165,7 @@ type WatchDestroysResponse struct {
 
 func (x *WatchDestroysResponse) Reset() {
 	*x = WatchDestroysResponse{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[35]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2089,7 +2177,7 @@ func (x *WatchDestroysResponse) String() string {
 func (*WatchDestroysResponse) ProtoMessage() {}
 
 func (x *WatchDestroysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[35]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2102,7 +2190,7 @@ func (x *WatchDestroysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDestroysResponse.ProtoReflect.Descriptor instead.
 func (*WatchDestroysResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{35}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WatchDestroysResponse) GetNotice() *DestroyNotice {
@@ -2122,7 +2210,7 @@ type AckDestroyRequest struct {
 
 func (x *AckDestroyRequest) Reset() {
 	*x = AckDestroyRequest{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[36]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2134,7 +2222,7 @@ func (x *AckDestroyRequest) String() string {
 func (*AckDestroyRequest) ProtoMessage() {}
 
 func (x *AckDestroyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[36]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2147,7 +2235,7 @@ func (x *AckDestroyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckDestroyRequest.ProtoReflect.Descriptor instead.
 func (*AckDestroyRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{36}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AckDestroyRequest) GetNoticeId() string {
@@ -2172,7 +2260,7 @@ type AckDestroyResponse struct {
 
 func (x *AckDestroyResponse) Reset() {
 	*x = AckDestroyResponse{}
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[37]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2184,7 +2272,7 @@ func (x *AckDestroyResponse) String() string {
 func (*AckDestroyResponse) ProtoMessage() {}
 
 func (x *AckDestroyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[37]
+	mi := &file_hangar_sandbox_v1_service_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2197,7 +2285,7 @@ func (x *AckDestroyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckDestroyResponse.ProtoReflect.Descriptor instead.
 func (*AckDestroyResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{37}
+	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{39}
 }
 
 var File_hangar_sandbox_v1_service_proto protoreflect.FileDescriptor
@@ -2255,7 +2343,12 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\"\x18\n" +
-	"\x16ReleaseSandboxResponse\"8\n" +
+	"\x16ReleaseSandboxResponse\"Z\n" +
+	"\x14KillProcessesRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
+	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\"\x17\n" +
+	"\x15KillProcessesResponse\"8\n" +
 	"\x14ListSandboxesRequest\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\"Q\n" +
 	"\x15ListSandboxesResponse\x128\n" +
@@ -2346,7 +2439,7 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\n" +
 	"subscriber\x18\x02 \x01(\tR\n" +
 	"subscriber\"\x14\n" +
-	"\x12AckDestroyResponse2\xa3\x12\n" +
+	"\x12AckDestroyResponse2\xbe\x13\n" +
 	"\x0eSandboxService\x12\x86\x01\n" +
 	"\x10ListEnvironments\x12*.hangar.sandbox.v1.ListEnvironmentsRequest\x1a+.hangar.sandbox.v1.ListEnvironmentsResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/api/environments\x12\x87\x01\n" +
 	"\x0eGetEnvironment\x12(.hangar.sandbox.v1.GetEnvironmentRequest\x1a).hangar.sandbox.v1.GetEnvironmentResponse\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/api/environments/{name}\x12\xa6\x01\n" +
@@ -2356,7 +2449,8 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\x0eAcquireSandbox\x12(.hangar.sandbox.v1.AcquireSandboxRequest\x1a).hangar.sandbox.v1.AcquireSandboxResponse\"\x19\x82\xd3\xe4\x93\x02\x13:\x01*\"\x0e/api/sandboxes\x12\x87\x01\n" +
 	"\n" +
 	"RenewLease\x12$.hangar.sandbox.v1.RenewLeaseRequest\x1a%.hangar.sandbox.v1.RenewLeaseResponse\",\x82\xd3\xe4\x93\x02&:\x01*\"!/api/sandboxes/{sandbox_id}:renew\x12\x95\x01\n" +
-	"\x0eReleaseSandbox\x12(.hangar.sandbox.v1.ReleaseSandboxRequest\x1a).hangar.sandbox.v1.ReleaseSandboxResponse\".\x82\xd3\xe4\x93\x02(:\x01*\"#/api/sandboxes/{sandbox_id}:release\x12z\n" +
+	"\x0eReleaseSandbox\x12(.hangar.sandbox.v1.ReleaseSandboxRequest\x1a).hangar.sandbox.v1.ReleaseSandboxResponse\".\x82\xd3\xe4\x93\x02(:\x01*\"#/api/sandboxes/{sandbox_id}:release\x12\x98\x01\n" +
+	"\rKillProcesses\x12'.hangar.sandbox.v1.KillProcessesRequest\x1a(.hangar.sandbox.v1.KillProcessesResponse\"4\x82\xd3\xe4\x93\x02.:\x01*\")/api/sandboxes/{sandbox_id}:killProcesses\x12z\n" +
 	"\rListSandboxes\x12'.hangar.sandbox.v1.ListSandboxesRequest\x1a(.hangar.sandbox.v1.ListSandboxesResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/api/sandboxes\x12~\n" +
 	"\n" +
 	"GetSandbox\x12$.hangar.sandbox.v1.GetSandboxRequest\x1a%.hangar.sandbox.v1.GetSandboxResponse\"#\x82\xd3\xe4\x93\x02\x1d\x12\x1b/api/sandboxes/{sandbox_id}\x12K\n" +
@@ -2382,7 +2476,7 @@ func file_hangar_sandbox_v1_service_proto_rawDescGZIP() []byte {
 	return file_hangar_sandbox_v1_service_proto_rawDescData
 }
 
-var file_hangar_sandbox_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_hangar_sandbox_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_hangar_sandbox_v1_service_proto_goTypes = []any{
 	(*ListEnvironmentsRequest)(nil),   // 0: hangar.sandbox.v1.ListEnvironmentsRequest
 	(*ListEnvironmentsResponse)(nil),  // 1: hangar.sandbox.v1.ListEnvironmentsResponse
@@ -2400,65 +2494,67 @@ var file_hangar_sandbox_v1_service_proto_goTypes = []any{
 	(*RenewLeaseResponse)(nil),        // 13: hangar.sandbox.v1.RenewLeaseResponse
 	(*ReleaseSandboxRequest)(nil),     // 14: hangar.sandbox.v1.ReleaseSandboxRequest
 	(*ReleaseSandboxResponse)(nil),    // 15: hangar.sandbox.v1.ReleaseSandboxResponse
-	(*ListSandboxesRequest)(nil),      // 16: hangar.sandbox.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),     // 17: hangar.sandbox.v1.ListSandboxesResponse
-	(*GetSandboxRequest)(nil),         // 18: hangar.sandbox.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),        // 19: hangar.sandbox.v1.GetSandboxResponse
-	(*ExecRequest)(nil),               // 20: hangar.sandbox.v1.ExecRequest
-	(*ExecResponse)(nil),              // 21: hangar.sandbox.v1.ExecResponse
-	(*ReadFileRequest)(nil),           // 22: hangar.sandbox.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 23: hangar.sandbox.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),          // 24: hangar.sandbox.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 25: hangar.sandbox.v1.WriteFileResponse
-	(*StatFileRequest)(nil),           // 26: hangar.sandbox.v1.StatFileRequest
-	(*StatFileResponse)(nil),          // 27: hangar.sandbox.v1.StatFileResponse
-	(*ListFilesRequest)(nil),          // 28: hangar.sandbox.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),         // 29: hangar.sandbox.v1.ListFilesResponse
-	(*AttachTerminalRequest)(nil),     // 30: hangar.sandbox.v1.AttachTerminalRequest
-	(*TerminalOpen)(nil),              // 31: hangar.sandbox.v1.TerminalOpen
-	(*TerminalSize)(nil),              // 32: hangar.sandbox.v1.TerminalSize
-	(*AttachTerminalResponse)(nil),    // 33: hangar.sandbox.v1.AttachTerminalResponse
-	(*WatchDestroysRequest)(nil),      // 34: hangar.sandbox.v1.WatchDestroysRequest
-	(*WatchDestroysResponse)(nil),     // 35: hangar.sandbox.v1.WatchDestroysResponse
-	(*AckDestroyRequest)(nil),         // 36: hangar.sandbox.v1.AckDestroyRequest
-	(*AckDestroyResponse)(nil),        // 37: hangar.sandbox.v1.AckDestroyResponse
-	nil,                               // 38: hangar.sandbox.v1.AcquireSandboxRequest.EnvEntry
-	nil,                               // 39: hangar.sandbox.v1.TerminalOpen.EnvEntry
-	(*Environment)(nil),               // 40: hangar.sandbox.v1.Environment
-	(*Pool)(nil),                      // 41: hangar.sandbox.v1.Pool
-	(Egress)(0),                       // 42: hangar.sandbox.v1.Egress
-	(*Sandbox)(nil),                   // 43: hangar.sandbox.v1.Sandbox
-	(*Lease)(nil),                     // 44: hangar.sandbox.v1.Lease
-	(*ExecStart)(nil),                 // 45: hangar.sandbox.v1.ExecStart
-	(*ExecExit)(nil),                  // 46: hangar.sandbox.v1.ExecExit
-	(*FileInfo)(nil),                  // 47: hangar.sandbox.v1.FileInfo
-	(*DestroyNotice)(nil),             // 48: hangar.sandbox.v1.DestroyNotice
+	(*KillProcessesRequest)(nil),      // 16: hangar.sandbox.v1.KillProcessesRequest
+	(*KillProcessesResponse)(nil),     // 17: hangar.sandbox.v1.KillProcessesResponse
+	(*ListSandboxesRequest)(nil),      // 18: hangar.sandbox.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 19: hangar.sandbox.v1.ListSandboxesResponse
+	(*GetSandboxRequest)(nil),         // 20: hangar.sandbox.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),        // 21: hangar.sandbox.v1.GetSandboxResponse
+	(*ExecRequest)(nil),               // 22: hangar.sandbox.v1.ExecRequest
+	(*ExecResponse)(nil),              // 23: hangar.sandbox.v1.ExecResponse
+	(*ReadFileRequest)(nil),           // 24: hangar.sandbox.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 25: hangar.sandbox.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),          // 26: hangar.sandbox.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 27: hangar.sandbox.v1.WriteFileResponse
+	(*StatFileRequest)(nil),           // 28: hangar.sandbox.v1.StatFileRequest
+	(*StatFileResponse)(nil),          // 29: hangar.sandbox.v1.StatFileResponse
+	(*ListFilesRequest)(nil),          // 30: hangar.sandbox.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 31: hangar.sandbox.v1.ListFilesResponse
+	(*AttachTerminalRequest)(nil),     // 32: hangar.sandbox.v1.AttachTerminalRequest
+	(*TerminalOpen)(nil),              // 33: hangar.sandbox.v1.TerminalOpen
+	(*TerminalSize)(nil),              // 34: hangar.sandbox.v1.TerminalSize
+	(*AttachTerminalResponse)(nil),    // 35: hangar.sandbox.v1.AttachTerminalResponse
+	(*WatchDestroysRequest)(nil),      // 36: hangar.sandbox.v1.WatchDestroysRequest
+	(*WatchDestroysResponse)(nil),     // 37: hangar.sandbox.v1.WatchDestroysResponse
+	(*AckDestroyRequest)(nil),         // 38: hangar.sandbox.v1.AckDestroyRequest
+	(*AckDestroyResponse)(nil),        // 39: hangar.sandbox.v1.AckDestroyResponse
+	nil,                               // 40: hangar.sandbox.v1.AcquireSandboxRequest.EnvEntry
+	nil,                               // 41: hangar.sandbox.v1.TerminalOpen.EnvEntry
+	(*Environment)(nil),               // 42: hangar.sandbox.v1.Environment
+	(*Pool)(nil),                      // 43: hangar.sandbox.v1.Pool
+	(Egress)(0),                       // 44: hangar.sandbox.v1.Egress
+	(*Sandbox)(nil),                   // 45: hangar.sandbox.v1.Sandbox
+	(*Lease)(nil),                     // 46: hangar.sandbox.v1.Lease
+	(*ExecStart)(nil),                 // 47: hangar.sandbox.v1.ExecStart
+	(*ExecExit)(nil),                  // 48: hangar.sandbox.v1.ExecExit
+	(*FileInfo)(nil),                  // 49: hangar.sandbox.v1.FileInfo
+	(*DestroyNotice)(nil),             // 50: hangar.sandbox.v1.DestroyNotice
 }
 var file_hangar_sandbox_v1_service_proto_depIdxs = []int32{
-	40, // 0: hangar.sandbox.v1.ListEnvironmentsResponse.environments:type_name -> hangar.sandbox.v1.Environment
-	40, // 1: hangar.sandbox.v1.GetEnvironmentResponse.environment:type_name -> hangar.sandbox.v1.Environment
-	40, // 2: hangar.sandbox.v1.ApplyEnvironmentRequest.environment:type_name -> hangar.sandbox.v1.Environment
-	40, // 3: hangar.sandbox.v1.ApplyEnvironmentResponse.environment:type_name -> hangar.sandbox.v1.Environment
-	41, // 4: hangar.sandbox.v1.GetPoolResponse.pool:type_name -> hangar.sandbox.v1.Pool
-	42, // 5: hangar.sandbox.v1.AcquireSandboxRequest.egress:type_name -> hangar.sandbox.v1.Egress
-	38, // 6: hangar.sandbox.v1.AcquireSandboxRequest.env:type_name -> hangar.sandbox.v1.AcquireSandboxRequest.EnvEntry
-	43, // 7: hangar.sandbox.v1.AcquireSandboxResponse.sandbox:type_name -> hangar.sandbox.v1.Sandbox
-	44, // 8: hangar.sandbox.v1.AcquireSandboxResponse.lease:type_name -> hangar.sandbox.v1.Lease
-	44, // 9: hangar.sandbox.v1.RenewLeaseResponse.lease:type_name -> hangar.sandbox.v1.Lease
-	43, // 10: hangar.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> hangar.sandbox.v1.Sandbox
-	43, // 11: hangar.sandbox.v1.GetSandboxResponse.sandbox:type_name -> hangar.sandbox.v1.Sandbox
-	45, // 12: hangar.sandbox.v1.ExecRequest.start:type_name -> hangar.sandbox.v1.ExecStart
-	46, // 13: hangar.sandbox.v1.ExecResponse.exit:type_name -> hangar.sandbox.v1.ExecExit
-	47, // 14: hangar.sandbox.v1.ReadFileResponse.info:type_name -> hangar.sandbox.v1.FileInfo
-	47, // 15: hangar.sandbox.v1.WriteFileResponse.info:type_name -> hangar.sandbox.v1.FileInfo
-	47, // 16: hangar.sandbox.v1.StatFileResponse.info:type_name -> hangar.sandbox.v1.FileInfo
-	47, // 17: hangar.sandbox.v1.ListFilesResponse.files:type_name -> hangar.sandbox.v1.FileInfo
-	31, // 18: hangar.sandbox.v1.AttachTerminalRequest.open:type_name -> hangar.sandbox.v1.TerminalOpen
-	32, // 19: hangar.sandbox.v1.AttachTerminalRequest.resize:type_name -> hangar.sandbox.v1.TerminalSize
-	32, // 20: hangar.sandbox.v1.TerminalOpen.size:type_name -> hangar.sandbox.v1.TerminalSize
-	39, // 21: hangar.sandbox.v1.TerminalOpen.env:type_name -> hangar.sandbox.v1.TerminalOpen.EnvEntry
-	46, // 22: hangar.sandbox.v1.AttachTerminalResponse.exit:type_name -> hangar.sandbox.v1.ExecExit
-	48, // 23: hangar.sandbox.v1.WatchDestroysResponse.notice:type_name -> hangar.sandbox.v1.DestroyNotice
+	42, // 0: hangar.sandbox.v1.ListEnvironmentsResponse.environments:type_name -> hangar.sandbox.v1.Environment
+	42, // 1: hangar.sandbox.v1.GetEnvironmentResponse.environment:type_name -> hangar.sandbox.v1.Environment
+	42, // 2: hangar.sandbox.v1.ApplyEnvironmentRequest.environment:type_name -> hangar.sandbox.v1.Environment
+	42, // 3: hangar.sandbox.v1.ApplyEnvironmentResponse.environment:type_name -> hangar.sandbox.v1.Environment
+	43, // 4: hangar.sandbox.v1.GetPoolResponse.pool:type_name -> hangar.sandbox.v1.Pool
+	44, // 5: hangar.sandbox.v1.AcquireSandboxRequest.egress:type_name -> hangar.sandbox.v1.Egress
+	40, // 6: hangar.sandbox.v1.AcquireSandboxRequest.env:type_name -> hangar.sandbox.v1.AcquireSandboxRequest.EnvEntry
+	45, // 7: hangar.sandbox.v1.AcquireSandboxResponse.sandbox:type_name -> hangar.sandbox.v1.Sandbox
+	46, // 8: hangar.sandbox.v1.AcquireSandboxResponse.lease:type_name -> hangar.sandbox.v1.Lease
+	46, // 9: hangar.sandbox.v1.RenewLeaseResponse.lease:type_name -> hangar.sandbox.v1.Lease
+	45, // 10: hangar.sandbox.v1.ListSandboxesResponse.sandboxes:type_name -> hangar.sandbox.v1.Sandbox
+	45, // 11: hangar.sandbox.v1.GetSandboxResponse.sandbox:type_name -> hangar.sandbox.v1.Sandbox
+	47, // 12: hangar.sandbox.v1.ExecRequest.start:type_name -> hangar.sandbox.v1.ExecStart
+	48, // 13: hangar.sandbox.v1.ExecResponse.exit:type_name -> hangar.sandbox.v1.ExecExit
+	49, // 14: hangar.sandbox.v1.ReadFileResponse.info:type_name -> hangar.sandbox.v1.FileInfo
+	49, // 15: hangar.sandbox.v1.WriteFileResponse.info:type_name -> hangar.sandbox.v1.FileInfo
+	49, // 16: hangar.sandbox.v1.StatFileResponse.info:type_name -> hangar.sandbox.v1.FileInfo
+	49, // 17: hangar.sandbox.v1.ListFilesResponse.files:type_name -> hangar.sandbox.v1.FileInfo
+	33, // 18: hangar.sandbox.v1.AttachTerminalRequest.open:type_name -> hangar.sandbox.v1.TerminalOpen
+	34, // 19: hangar.sandbox.v1.AttachTerminalRequest.resize:type_name -> hangar.sandbox.v1.TerminalSize
+	34, // 20: hangar.sandbox.v1.TerminalOpen.size:type_name -> hangar.sandbox.v1.TerminalSize
+	41, // 21: hangar.sandbox.v1.TerminalOpen.env:type_name -> hangar.sandbox.v1.TerminalOpen.EnvEntry
+	48, // 22: hangar.sandbox.v1.AttachTerminalResponse.exit:type_name -> hangar.sandbox.v1.ExecExit
+	50, // 23: hangar.sandbox.v1.WatchDestroysResponse.notice:type_name -> hangar.sandbox.v1.DestroyNotice
 	0,  // 24: hangar.sandbox.v1.SandboxService.ListEnvironments:input_type -> hangar.sandbox.v1.ListEnvironmentsRequest
 	2,  // 25: hangar.sandbox.v1.SandboxService.GetEnvironment:input_type -> hangar.sandbox.v1.GetEnvironmentRequest
 	4,  // 26: hangar.sandbox.v1.SandboxService.ApplyEnvironment:input_type -> hangar.sandbox.v1.ApplyEnvironmentRequest
@@ -2467,36 +2563,38 @@ var file_hangar_sandbox_v1_service_proto_depIdxs = []int32{
 	10, // 29: hangar.sandbox.v1.SandboxService.AcquireSandbox:input_type -> hangar.sandbox.v1.AcquireSandboxRequest
 	12, // 30: hangar.sandbox.v1.SandboxService.RenewLease:input_type -> hangar.sandbox.v1.RenewLeaseRequest
 	14, // 31: hangar.sandbox.v1.SandboxService.ReleaseSandbox:input_type -> hangar.sandbox.v1.ReleaseSandboxRequest
-	16, // 32: hangar.sandbox.v1.SandboxService.ListSandboxes:input_type -> hangar.sandbox.v1.ListSandboxesRequest
-	18, // 33: hangar.sandbox.v1.SandboxService.GetSandbox:input_type -> hangar.sandbox.v1.GetSandboxRequest
-	20, // 34: hangar.sandbox.v1.SandboxService.Exec:input_type -> hangar.sandbox.v1.ExecRequest
-	22, // 35: hangar.sandbox.v1.SandboxService.ReadFile:input_type -> hangar.sandbox.v1.ReadFileRequest
-	24, // 36: hangar.sandbox.v1.SandboxService.WriteFile:input_type -> hangar.sandbox.v1.WriteFileRequest
-	26, // 37: hangar.sandbox.v1.SandboxService.StatFile:input_type -> hangar.sandbox.v1.StatFileRequest
-	28, // 38: hangar.sandbox.v1.SandboxService.ListFiles:input_type -> hangar.sandbox.v1.ListFilesRequest
-	30, // 39: hangar.sandbox.v1.SandboxService.AttachTerminal:input_type -> hangar.sandbox.v1.AttachTerminalRequest
-	34, // 40: hangar.sandbox.v1.SandboxService.WatchDestroys:input_type -> hangar.sandbox.v1.WatchDestroysRequest
-	36, // 41: hangar.sandbox.v1.SandboxService.AckDestroy:input_type -> hangar.sandbox.v1.AckDestroyRequest
-	1,  // 42: hangar.sandbox.v1.SandboxService.ListEnvironments:output_type -> hangar.sandbox.v1.ListEnvironmentsResponse
-	3,  // 43: hangar.sandbox.v1.SandboxService.GetEnvironment:output_type -> hangar.sandbox.v1.GetEnvironmentResponse
-	5,  // 44: hangar.sandbox.v1.SandboxService.ApplyEnvironment:output_type -> hangar.sandbox.v1.ApplyEnvironmentResponse
-	7,  // 45: hangar.sandbox.v1.SandboxService.DeleteEnvironment:output_type -> hangar.sandbox.v1.DeleteEnvironmentResponse
-	9,  // 46: hangar.sandbox.v1.SandboxService.GetPool:output_type -> hangar.sandbox.v1.GetPoolResponse
-	11, // 47: hangar.sandbox.v1.SandboxService.AcquireSandbox:output_type -> hangar.sandbox.v1.AcquireSandboxResponse
-	13, // 48: hangar.sandbox.v1.SandboxService.RenewLease:output_type -> hangar.sandbox.v1.RenewLeaseResponse
-	15, // 49: hangar.sandbox.v1.SandboxService.ReleaseSandbox:output_type -> hangar.sandbox.v1.ReleaseSandboxResponse
-	17, // 50: hangar.sandbox.v1.SandboxService.ListSandboxes:output_type -> hangar.sandbox.v1.ListSandboxesResponse
-	19, // 51: hangar.sandbox.v1.SandboxService.GetSandbox:output_type -> hangar.sandbox.v1.GetSandboxResponse
-	21, // 52: hangar.sandbox.v1.SandboxService.Exec:output_type -> hangar.sandbox.v1.ExecResponse
-	23, // 53: hangar.sandbox.v1.SandboxService.ReadFile:output_type -> hangar.sandbox.v1.ReadFileResponse
-	25, // 54: hangar.sandbox.v1.SandboxService.WriteFile:output_type -> hangar.sandbox.v1.WriteFileResponse
-	27, // 55: hangar.sandbox.v1.SandboxService.StatFile:output_type -> hangar.sandbox.v1.StatFileResponse
-	29, // 56: hangar.sandbox.v1.SandboxService.ListFiles:output_type -> hangar.sandbox.v1.ListFilesResponse
-	33, // 57: hangar.sandbox.v1.SandboxService.AttachTerminal:output_type -> hangar.sandbox.v1.AttachTerminalResponse
-	35, // 58: hangar.sandbox.v1.SandboxService.WatchDestroys:output_type -> hangar.sandbox.v1.WatchDestroysResponse
-	37, // 59: hangar.sandbox.v1.SandboxService.AckDestroy:output_type -> hangar.sandbox.v1.AckDestroyResponse
-	42, // [42:60] is the sub-list for method output_type
-	24, // [24:42] is the sub-list for method input_type
+	16, // 32: hangar.sandbox.v1.SandboxService.KillProcesses:input_type -> hangar.sandbox.v1.KillProcessesRequest
+	18, // 33: hangar.sandbox.v1.SandboxService.ListSandboxes:input_type -> hangar.sandbox.v1.ListSandboxesRequest
+	20, // 34: hangar.sandbox.v1.SandboxService.GetSandbox:input_type -> hangar.sandbox.v1.GetSandboxRequest
+	22, // 35: hangar.sandbox.v1.SandboxService.Exec:input_type -> hangar.sandbox.v1.ExecRequest
+	24, // 36: hangar.sandbox.v1.SandboxService.ReadFile:input_type -> hangar.sandbox.v1.ReadFileRequest
+	26, // 37: hangar.sandbox.v1.SandboxService.WriteFile:input_type -> hangar.sandbox.v1.WriteFileRequest
+	28, // 38: hangar.sandbox.v1.SandboxService.StatFile:input_type -> hangar.sandbox.v1.StatFileRequest
+	30, // 39: hangar.sandbox.v1.SandboxService.ListFiles:input_type -> hangar.sandbox.v1.ListFilesRequest
+	32, // 40: hangar.sandbox.v1.SandboxService.AttachTerminal:input_type -> hangar.sandbox.v1.AttachTerminalRequest
+	36, // 41: hangar.sandbox.v1.SandboxService.WatchDestroys:input_type -> hangar.sandbox.v1.WatchDestroysRequest
+	38, // 42: hangar.sandbox.v1.SandboxService.AckDestroy:input_type -> hangar.sandbox.v1.AckDestroyRequest
+	1,  // 43: hangar.sandbox.v1.SandboxService.ListEnvironments:output_type -> hangar.sandbox.v1.ListEnvironmentsResponse
+	3,  // 44: hangar.sandbox.v1.SandboxService.GetEnvironment:output_type -> hangar.sandbox.v1.GetEnvironmentResponse
+	5,  // 45: hangar.sandbox.v1.SandboxService.ApplyEnvironment:output_type -> hangar.sandbox.v1.ApplyEnvironmentResponse
+	7,  // 46: hangar.sandbox.v1.SandboxService.DeleteEnvironment:output_type -> hangar.sandbox.v1.DeleteEnvironmentResponse
+	9,  // 47: hangar.sandbox.v1.SandboxService.GetPool:output_type -> hangar.sandbox.v1.GetPoolResponse
+	11, // 48: hangar.sandbox.v1.SandboxService.AcquireSandbox:output_type -> hangar.sandbox.v1.AcquireSandboxResponse
+	13, // 49: hangar.sandbox.v1.SandboxService.RenewLease:output_type -> hangar.sandbox.v1.RenewLeaseResponse
+	15, // 50: hangar.sandbox.v1.SandboxService.ReleaseSandbox:output_type -> hangar.sandbox.v1.ReleaseSandboxResponse
+	17, // 51: hangar.sandbox.v1.SandboxService.KillProcesses:output_type -> hangar.sandbox.v1.KillProcessesResponse
+	19, // 52: hangar.sandbox.v1.SandboxService.ListSandboxes:output_type -> hangar.sandbox.v1.ListSandboxesResponse
+	21, // 53: hangar.sandbox.v1.SandboxService.GetSandbox:output_type -> hangar.sandbox.v1.GetSandboxResponse
+	23, // 54: hangar.sandbox.v1.SandboxService.Exec:output_type -> hangar.sandbox.v1.ExecResponse
+	25, // 55: hangar.sandbox.v1.SandboxService.ReadFile:output_type -> hangar.sandbox.v1.ReadFileResponse
+	27, // 56: hangar.sandbox.v1.SandboxService.WriteFile:output_type -> hangar.sandbox.v1.WriteFileResponse
+	29, // 57: hangar.sandbox.v1.SandboxService.StatFile:output_type -> hangar.sandbox.v1.StatFileResponse
+	31, // 58: hangar.sandbox.v1.SandboxService.ListFiles:output_type -> hangar.sandbox.v1.ListFilesResponse
+	35, // 59: hangar.sandbox.v1.SandboxService.AttachTerminal:output_type -> hangar.sandbox.v1.AttachTerminalResponse
+	37, // 60: hangar.sandbox.v1.SandboxService.WatchDestroys:output_type -> hangar.sandbox.v1.WatchDestroysResponse
+	39, // 61: hangar.sandbox.v1.SandboxService.AckDestroy:output_type -> hangar.sandbox.v1.AckDestroyResponse
+	43, // [43:62] is the sub-list for method output_type
+	24, // [24:43] is the sub-list for method input_type
 	24, // [24:24] is the sub-list for extension type_name
 	24, // [24:24] is the sub-list for extension extendee
 	0,  // [0:24] is the sub-list for field type_name
@@ -2508,24 +2606,24 @@ func file_hangar_sandbox_v1_service_proto_init() {
 		return
 	}
 	file_hangar_sandbox_v1_message_proto_init()
-	file_hangar_sandbox_v1_service_proto_msgTypes[20].OneofWrappers = []any{
+	file_hangar_sandbox_v1_service_proto_msgTypes[22].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 	}
-	file_hangar_sandbox_v1_service_proto_msgTypes[21].OneofWrappers = []any{
+	file_hangar_sandbox_v1_service_proto_msgTypes[23].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_hangar_sandbox_v1_service_proto_msgTypes[30].OneofWrappers = []any{
+	file_hangar_sandbox_v1_service_proto_msgTypes[32].OneofWrappers = []any{
 		(*AttachTerminalRequest_Open)(nil),
 		(*AttachTerminalRequest_Input)(nil),
 		(*AttachTerminalRequest_Resize)(nil),
 		(*AttachTerminalRequest_Detach)(nil),
 	}
-	file_hangar_sandbox_v1_service_proto_msgTypes[33].OneofWrappers = []any{
+	file_hangar_sandbox_v1_service_proto_msgTypes[35].OneofWrappers = []any{
 		(*AttachTerminalResponse_TerminalId)(nil),
 		(*AttachTerminalResponse_Output)(nil),
 		(*AttachTerminalResponse_Exit)(nil),
@@ -2536,7 +2634,7 @@ func file_hangar_sandbox_v1_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hangar_sandbox_v1_service_proto_rawDesc), len(file_hangar_sandbox_v1_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const (
 	SandboxService_AcquireSandbox_FullMethodName    = "/hangar.sandbox.v1.SandboxService/AcquireSandbox"
 	SandboxService_RenewLease_FullMethodName        = "/hangar.sandbox.v1.SandboxService/RenewLease"
 	SandboxService_ReleaseSandbox_FullMethodName    = "/hangar.sandbox.v1.SandboxService/ReleaseSandbox"
+	SandboxService_KillProcesses_FullMethodName     = "/hangar.sandbox.v1.SandboxService/KillProcesses"
 	SandboxService_ListSandboxes_FullMethodName     = "/hangar.sandbox.v1.SandboxService/ListSandboxes"
 	SandboxService_GetSandbox_FullMethodName        = "/hangar.sandbox.v1.SandboxService/GetSandbox"
 	SandboxService_Exec_FullMethodName              = "/hangar.sandbox.v1.SandboxService/Exec"
@@ -61,6 +62,11 @@ type SandboxServiceClient interface {
 	RenewLease(ctx context.Context, in *RenewLeaseRequest, opts ...grpc.CallOption) (*RenewLeaseResponse, error)
 	// Release a lease; the sandbox is destroyed (never returned to the pool).
 	ReleaseSandbox(ctx context.Context, in *ReleaseSandboxRequest, opts ...grpc.CallOption) (*ReleaseSandboxResponse, error)
+	// End every process running in a leased sandbox (commands, terminals and
+	// whatever they started, detached or not); the sandbox stays leased and
+	// usable. A turn that ended mid-command and a checkpoint taken before a
+	// release use it, so nothing writes the tree while it is captured.
+	KillProcesses(ctx context.Context, in *KillProcessesRequest, opts ...grpc.CallOption) (*KillProcessesResponse, error)
 	// sb list.
 	ListSandboxes(ctx context.Context, in *ListSandboxesRequest, opts ...grpc.CallOption) (*ListSandboxesResponse, error)
 	GetSandbox(ctx context.Context, in *GetSandboxRequest, opts ...grpc.CallOption) (*GetSandboxResponse, error)
@@ -164,6 +170,16 @@ func (c *sandboxServiceClient) ReleaseSandbox(ctx context.Context, in *ReleaseSa
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReleaseSandboxResponse)
 	err := c.cc.Invoke(ctx, SandboxService_ReleaseSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) KillProcesses(ctx context.Context, in *KillProcessesRequest, opts ...grpc.CallOption) (*KillProcessesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KillProcessesResponse)
+	err := c.cc.Invoke(ctx, SandboxService_KillProcesses_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -307,6 +323,11 @@ type SandboxServiceServer interface {
 	RenewLease(context.Context, *RenewLeaseRequest) (*RenewLeaseResponse, error)
 	// Release a lease; the sandbox is destroyed (never returned to the pool).
 	ReleaseSandbox(context.Context, *ReleaseSandboxRequest) (*ReleaseSandboxResponse, error)
+	// End every process running in a leased sandbox (commands, terminals and
+	// whatever they started, detached or not); the sandbox stays leased and
+	// usable. A turn that ended mid-command and a checkpoint taken before a
+	// release use it, so nothing writes the tree while it is captured.
+	KillProcesses(context.Context, *KillProcessesRequest) (*KillProcessesResponse, error)
 	// sb list.
 	ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error)
 	GetSandbox(context.Context, *GetSandboxRequest) (*GetSandboxResponse, error)
@@ -359,6 +380,9 @@ func (UnimplementedSandboxServiceServer) RenewLease(context.Context, *RenewLease
 }
 func (UnimplementedSandboxServiceServer) ReleaseSandbox(context.Context, *ReleaseSandboxRequest) (*ReleaseSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReleaseSandbox not implemented")
+}
+func (UnimplementedSandboxServiceServer) KillProcesses(context.Context, *KillProcessesRequest) (*KillProcessesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method KillProcesses not implemented")
 }
 func (UnimplementedSandboxServiceServer) ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSandboxes not implemented")
@@ -555,6 +579,24 @@ func _SandboxService_ReleaseSandbox_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_KillProcesses_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KillProcessesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).KillProcesses(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_KillProcesses_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).KillProcesses(ctx, req.(*KillProcessesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SandboxService_ListSandboxes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListSandboxesRequest)
 	if err := dec(in); err != nil {
@@ -744,6 +786,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseSandbox",
 			Handler:    _SandboxService_ReleaseSandbox_Handler,
+		},
+		{
+			MethodName: "KillProcesses",
+			Handler:    _SandboxService_KillProcesses_Handler,
 		},
 		{
 			MethodName: "ListSandboxes",

@@ -200,6 +200,39 @@ func Run(t *testing.T, newDriver func(t *testing.T) driver.Driver) {
 		}
 	})
 
+	t.Run("KillProcesses", func(t *testing.T) {
+		d := newDriver(t)
+		sb := create(t, d, nil)
+		killer, ok := sb.(driver.ProcessKiller)
+		if !ok {
+			t.Skip("the driver cannot end a sandbox's processes")
+		}
+		// A detached writer (its own session, as the agent CLIs start
+		// their tool shells) outlives the exec that started it.
+		out, _, st := Run1(t, sb, driver.ExecRequest{Argv: []string{"sh", "-c",
+			"setsid sh -c 'while :; do date +%s%N >> ticks; sleep 0.01; done' >/dev/null 2>&1 < /dev/null & echo $!"}})
+		if st.Code != 0 {
+			t.Fatalf("start the writer: %+v", st)
+		}
+		writer := strings.TrimSpace(out)
+		alive := func() bool {
+			out, _, _ := Run1(t, sb, driver.ExecRequest{Argv: []string{"sh", "-c", "cat /proc/" + writer + "/stat 2>/dev/null | awk '{print $3}'"}})
+			state := strings.TrimSpace(out)
+			return state != "" && state != "Z"
+		}
+		WaitFor(t, 10*time.Second, "the detached writer to run", alive)
+		if err := killer.KillProcesses(context.Background()); err != nil {
+			t.Fatalf("KillProcesses: %v", err)
+		}
+		if alive() {
+			t.Errorf("the detached writer %s still runs after KillProcesses", writer)
+		}
+		// The sandbox is still usable.
+		if out, _, st := Run1(t, sb, driver.ExecRequest{Argv: []string{"echo", "still here"}}); st.Code != 0 || out != "still here\n" {
+			t.Errorf("exec after KillProcesses: %q %+v", out, st)
+		}
+	})
+
 	t.Run("Files", func(t *testing.T) {
 		d := newDriver(t)
 		sb := create(t, d, nil)

@@ -11,6 +11,7 @@ package local
 // to. Elsewhere teardown kills the process groups only.
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -136,6 +138,38 @@ func (t *cgroupTree) open(name string) (*cgroup, error) {
 		return nil, err
 	}
 	return &cgroup{dir: dir, fd: fd}, nil
+}
+
+// killProcesses kills every process in the cgroup and waits (a while) for
+// them to be gone; the cgroup stays, for the sandbox's next processes. It
+// kills pid by pid, again until none is left (a process forking while it
+// runs is caught on the next pass): cgroup.kill was seen here to kill the
+// next processes started in the group too.
+func (c *cgroup) killProcesses(ctx context.Context) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for wait := time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
+		procs, err := os.ReadFile(filepath.Join(c.dir, "cgroup.procs"))
+		if err != nil {
+			return fmt.Errorf("read cgroup %s: %w", c.dir, err)
+		}
+		pids := strings.Fields(string(procs))
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, p := range pids {
+			if pid, err := strconv.Atoi(p); err == nil && pid > 0 {
+				_ = unix.Kill(pid, unix.SIGKILL)
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s: processes still running after a kill", c.dir)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }
 
 // kill kills every process in the cgroup, waits (a while) for them to be

@@ -192,6 +192,25 @@ func (sb *Sandbox) trackGroup(pgid int) {
 	sb.mu.Unlock()
 }
 
+// KillProcesses ends every process running in the sandbox: the whole
+// cgroup where it has one (detached processes too), else every process
+// group started here. The sandbox stays usable.
+func (sb *Sandbox) KillProcesses(ctx context.Context) error {
+	if sb.cg != nil {
+		return sb.cg.killProcesses(ctx)
+	}
+	sb.mu.Lock()
+	groups := make([]int, 0, len(sb.procs))
+	for pgid := range sb.procs {
+		groups = append(groups, pgid)
+	}
+	sb.mu.Unlock()
+	for _, pgid := range groups {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	}
+	return nil
+}
+
 // untrackGroupIfEmpty forgets a group with no members left (a pid is not
 // reused while it names a live group, so tracked groups are safe to kill).
 func (sb *Sandbox) untrackGroupIfEmpty(pgid int) {
