@@ -264,6 +264,25 @@ func TestUnknownEnumsAreRefused(t *testing.T) {
 		}
 	}
 
+	// In a query, too.
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, stack.URL+"/api/sessions?states=SESSION_STATE_IDLE&states=sleeping", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+stack.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Message string `json:"message"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&got)
+	_ = resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusBadRequest || !strings.HasPrefix(got.Message, `states: unknown value "sleeping"; want one of SESSION_STATE_`) {
+		t.Errorf("GET /api/sessions?states=sleeping = %d %+v (%v), want 400 naming states and its values", resp.StatusCode, got, err)
+	}
+
 	conn, err := rpc.Dial(strings.TrimPrefix(stack.URL, "http://"), rpc.ClientOptions{Token: stack.Token})
 	if err != nil {
 		t.Fatal(err)

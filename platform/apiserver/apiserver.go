@@ -50,6 +50,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/hangar-dev/hangar/platform/auth"
@@ -352,6 +353,13 @@ func gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 			return
 		case body.decodeFault.Load() != nil:
 			err = fault.Status(body.decodeFault.Load()).Err()
+		}
+	}
+	if status.Code(err) == codes.InvalidArgument && r.URL.RawQuery != "" {
+		if md := requestDescriptor(ctx); md != nil {
+			if ferr := checkQueryEnums(md, r.URL.Query()); ferr != nil {
+				err = fault.Status(ferr).Err()
+			}
 		}
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)

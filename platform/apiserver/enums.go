@@ -2,17 +2,22 @@ package apiserver
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"maps"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/utilities"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/platform/rpc"
@@ -46,10 +51,109 @@ func (j *enumCheckingJSON) NewDecoder(r io.Reader) runtime.Decoder {
 			if body, ok := r.(*cappedBody); ok {
 				body.decodeFault.Store(ferr)
 			}
-			return ferr
+			return errors.New(ferr.Message)
 		}
 		return j.JSONPb.Unmarshal(raw, v)
 	})
+}
+
+// enumCheckingQuery is the gateway's query parameter parser with the same
+// check for enum fields given in the query (GET /api/sessions?states=...):
+// the default parser refuses an unknown value but names neither the field
+// nor the values it takes.
+type enumCheckingQuery struct {
+	runtime.DefaultQueryParser
+}
+
+// The gateway keeps its query parser in a package variable that a mux option
+// sets; setting it here, once, before any mux serves, keeps that write from
+// racing with requests being served by another server of the process.
+func init() {
+	runtime.NewServeMux(runtime.SetQueryParameterParser(&enumCheckingQuery{}))
+}
+
+// Parse implements runtime.QueryParameterParser.
+func (q *enumCheckingQuery) Parse(msg proto.Message, values url.Values, filter *utilities.DoubleArray) error {
+	if ferr := checkQueryEnums(msg.ProtoReflect().Descriptor(), values); ferr != nil {
+		// The gateway makes this a bare InvalidArgument with our text;
+		// gatewayError finds the field again and adds reason and field.
+		return errors.New(ferr.Message)
+	}
+	return q.DefaultQueryParser.Parse(msg, values, filter)
+}
+
+// checkQueryEnums checks the values of every query parameter that names an
+// enum field (by its proto or JSON name, dotted for nested fields).
+func checkQueryEnums(md protoreflect.MessageDescriptor, values url.Values) *fault.Error {
+	if !hasEnums(md) {
+		return nil
+	}
+	for _, key := range slices.Sorted(maps.Keys(values)) {
+		fd, path := queryField(md, key)
+		if fd == nil || fd.Kind() != protoreflect.EnumKind {
+			continue
+		}
+		ed := fd.Enum()
+		for _, v := range values[key] {
+			if ed.Values().ByName(protoreflect.Name(v)) != nil {
+				continue
+			}
+			if n, err := strconv.ParseInt(v, 10, 32); err == nil && ed.Values().ByNumber(protoreflect.EnumNumber(n)) != nil {
+				continue
+			}
+			return rpc.UnknownEnumValue(path, strconv.Quote(v), ed)
+		}
+	}
+	return nil
+}
+
+// queryField resolves a dotted query key to its field and the field's proto
+// path; nil when the key names no field.
+func queryField(md protoreflect.MessageDescriptor, key string) (protoreflect.FieldDescriptor, string) {
+	var fd protoreflect.FieldDescriptor
+	var path []string
+	for i, part := range strings.Split(key, ".") {
+		if i > 0 {
+			if fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() {
+				return nil, ""
+			}
+			md = fd.Message()
+		}
+		fields := md.Fields()
+		if fd = fields.ByTextName(part); fd == nil {
+			if fd = fields.ByJSONName(part); fd == nil {
+				return nil, ""
+			}
+		}
+		path = append(path, fd.TextName())
+	}
+	return fd, strings.Join(path, ".")
+}
+
+// requestDescriptor is the request message type of the call the gateway
+// made (or tried to make) for this request, from the method name in ctx; nil
+// when the method is not in the global registry.
+func requestDescriptor(ctx context.Context) protoreflect.MessageDescriptor {
+	method, ok := runtime.RPCMethod(ctx)
+	if !ok {
+		return nil
+	}
+	service, name, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/")
+	if !ok {
+		return nil
+	}
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(service))
+	if err != nil {
+		return nil
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return nil
+	}
+	if m := sd.Methods().ByName(protoreflect.Name(name)); m != nil {
+		return m.Input()
+	}
+	return nil
 }
 
 // enumFields caches, per message type, whether it has an enum field at any

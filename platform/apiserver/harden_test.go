@@ -7,21 +7,25 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	gwruntime "github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/utilities"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
 
@@ -47,21 +51,39 @@ message_type {
     field { name: "key" number: 1 label: LABEL_OPTIONAL type: TYPE_STRING json_name: "key" }
     field { name: "value" number: 2 label: LABEL_OPTIONAL type: TYPE_ENUM type_name: ".hangar.test.v1.Mode" json_name: "value" }
   }
-}`
+}
+service { name: "Echo" method { name: "Echo" input_type: ".hangar.test.v1.Request" output_type: ".hangar.test.v1.Request" } }`
 
 const echoMethod = "/hangar.test.v1.Echo/Echo"
 
-func echoDescriptor(t *testing.T) protoreflect.MessageDescriptor {
-	t.Helper()
+// echoDescriptor builds echoFile and registers it globally, as generated
+// code registers hangar's protos (the gateway's query parser looks enums up
+// there).
+var echoDescriptor = sync.OnceValues(func() (protoreflect.MessageDescriptor, error) {
 	var fdp descriptorpb.FileDescriptorProto
 	if err := prototext.Unmarshal([]byte(echoFile), &fdp); err != nil {
-		t.Fatalf("parse test descriptor: %v", err)
+		return nil, fmt.Errorf("parse test descriptor: %w", err)
 	}
 	fd, err := protodesc.NewFile(&fdp, nil)
 	if err != nil {
-		t.Fatalf("build test descriptor: %v", err)
+		return nil, fmt.Errorf("build test descriptor: %w", err)
 	}
-	return fd.Messages().ByName("Request")
+	if err := protoregistry.GlobalFiles.RegisterFile(fd); err != nil {
+		return nil, err
+	}
+	if err := protoregistry.GlobalTypes.RegisterEnum(dynamicpb.NewEnumType(fd.Enums().ByName("Mode"))); err != nil {
+		return nil, err
+	}
+	return fd.Messages().ByName("Request"), nil
+})
+
+func echoRequest(t *testing.T) protoreflect.MessageDescriptor {
+	t.Helper()
+	md, err := echoDescriptor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return md
 }
 
 // echoServer serves Echo over gRPC and POST /v1/echo over REST, the way
@@ -85,6 +107,23 @@ func echoServer(t *testing.T, md protoreflect.MessageDescriptor, maxRequestBytes
 		}},
 	}
 	gateway := func(_ context.Context, mux *gwruntime.ServeMux, conn *grpc.ClientConn) error {
+		err := mux.HandlePath(http.MethodGet, "/v1/echo", func(w http.ResponseWriter, r *http.Request, _ map[string]string) {
+			_, outbound := gwruntime.MarshalerForRequest(mux, r)
+			ctx, err := gwruntime.AnnotateContext(r.Context(), mux, r, echoMethod, gwruntime.WithHTTPPathPattern("/v1/echo"))
+			if err != nil {
+				gwruntime.HTTPError(ctx, mux, outbound, w, r, err)
+				return
+			}
+			in := dynamicpb.NewMessage(md)
+			if err := gwruntime.PopulateQueryParameters(in, r.URL.Query(), &utilities.DoubleArray{}); err != nil {
+				gwruntime.HTTPError(ctx, mux, outbound, w, r, status.Errorf(codes.InvalidArgument, "%v", err))
+				return
+			}
+			gwruntime.ForwardResponseMessage(ctx, mux, outbound, w, r, in)
+		})
+		if err != nil {
+			return err
+		}
 		return mux.HandlePath(http.MethodPost, "/v1/echo", func(w http.ResponseWriter, r *http.Request, _ map[string]string) {
 			inbound, outbound := gwruntime.MarshalerForRequest(mux, r)
 			ctx, err := gwruntime.AnnotateContext(r.Context(), mux, r, echoMethod, gwruntime.WithHTTPPathPattern("/v1/echo"))
@@ -216,7 +255,7 @@ func rssBytes(t *testing.T) int64 {
 // (heap allocations and RSS grow by less than 20 MB; reading it would cost
 // 100 MB or more).
 func TestUnauthenticatedBodyIsNotRead(t *testing.T) {
-	md := echoDescriptor(t)
+	md := echoRequest(t)
 	r := echoServer(t, md, 0) // the default cap (64 MB) is below the body
 	base := "http://" + r.addr
 	const bodySize = 100 << 20
@@ -282,7 +321,7 @@ func TestUnauthenticatedBodyIsNotRead(t *testing.T) {
 // otherwise), gRPC messages over it ResourceExhausted, and both under it
 // pass.
 func TestRequestBodyCap(t *testing.T) {
-	md := echoDescriptor(t)
+	md := echoRequest(t)
 	const limit = 1 << 20
 	r := echoServer(t, md, limit)
 	base := "http://" + r.addr
@@ -338,7 +377,7 @@ func TestRequestBodyCap(t *testing.T) {
 // with the edge's reason and field violation, while unknown fields are still
 // ignored.
 func TestEnumsOverREST(t *testing.T) {
-	md := echoDescriptor(t)
+	md := echoRequest(t)
 	r := echoServer(t, md, 0)
 	base := "http://" + r.addr
 	c := httpClient(t)
@@ -402,4 +441,70 @@ func TestEnumsOverREST(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEnumsInQuery checks enum fields given as query parameters (GET): an
+// unknown name or number is InvalidArgument naming the field and the allowed
+// values, with the edge's reason and field.
+func TestEnumsInQuery(t *testing.T) {
+	md := echoRequest(t)
+	r := echoServer(t, md, 0)
+	c := httpClient(t)
+	const allowed = "; want one of MODE_A, MODE_B"
+	for _, tt := range []struct {
+		query     string
+		wantCode  int
+		wantBody  string // for 200, a substring
+		wantField string // for 400
+	}{
+		{"mode=MODE_B", 200, `"MODE_B"`, ""},
+		{"mode=2&modes=MODE_A&modes=1", 200, `"MODE_A"`, ""},
+		{"inner.mode=MODE_A", 200, `"MODE_A"`, ""},
+		{"mode=codex", 400, `mode: unknown value "codex"` + allowed, "mode"},
+		{"mode=99", 400, `mode: unknown value "99"` + allowed, "mode"},
+		{"modes=MODE_A&modes=MODE_C", 400, `modes: unknown value "MODE_C"` + allowed, "modes"},
+		{"inner.mode=x", 400, `inner.mode: unknown value "x"` + allowed, "inner.mode"},
+	} {
+		code, body, _ := get(t, c, "http://"+r.addr+"/v1/echo?"+tt.query, token)
+		if code != tt.wantCode {
+			t.Errorf("GET ?%s = %d %s, want %d", tt.query, code, body, tt.wantCode)
+			continue
+		}
+		if code == 200 {
+			if !strings.Contains(body, tt.wantBody) {
+				t.Errorf("GET ?%s = %s, want it to contain %s", tt.query, body, tt.wantBody)
+			}
+			continue
+		}
+		if msg, reason, field := restError(t, body); msg != tt.wantBody || reason != "INVALID_ARGUMENT" || field != tt.wantField {
+			t.Errorf("GET ?%s = %q %q %q, want %q INVALID_ARGUMENT %q", tt.query, msg, reason, field, tt.wantBody, tt.wantField)
+		}
+	}
+}
+
+// restError reads a gateway error body: its message, ErrorInfo reason and
+// first BadRequest field.
+func restError(t *testing.T, body string) (message, reason, field string) {
+	t.Helper()
+	var got struct {
+		Message string `json:"message"`
+		Details []struct {
+			Reason          string `json:"reason"`
+			FieldViolations []struct {
+				Field string `json:"field"`
+			} `json:"field_violations"`
+		} `json:"details"`
+	}
+	if err := json.Unmarshal([]byte(body), &got); err != nil {
+		t.Fatalf("error body %q: %v", body, err)
+	}
+	for _, d := range got.Details {
+		if d.Reason != "" {
+			reason = d.Reason
+		}
+		if len(d.FieldViolations) > 0 {
+			field = d.FieldViolations[0].Field
+		}
+	}
+	return got.Message, reason, field
 }
