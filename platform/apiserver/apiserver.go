@@ -349,7 +349,7 @@ func gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 	if body, ok := r.Body.(*cappedBody); ok {
 		switch {
 		case body.overLimit.Load():
-			writeTooLarge(w, body.limit)
+			writeTooLarge(w, r, body.limit)
 			return
 		case body.decodeFault.Load() != nil:
 			err = fault.Status(body.decodeFault.Load()).Err()
@@ -419,7 +419,7 @@ func (d *dispatcher) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	limit := d.s.opts.MaxRequestBytes
 	if r.ContentLength > limit {
-		writeTooLarge(w, limit)
+		writeTooLarge(w, r, limit)
 		return
 	}
 	if r.Body != nil && r.Body != http.NoBody {
@@ -448,8 +448,11 @@ func (b *cappedBody) Read(p []byte) (int, error) {
 
 // writeTooLarge answers 413 in the gateway's error shape. Code 8 is
 // RESOURCE_EXHAUSTED, what a gRPC server answers for a message over its cap.
-func writeTooLarge(w http.ResponseWriter, limit int64) {
-	w.Header().Set("Connection", "close")
+// An HTTP/1 connection is closed after it rather than drained of the rest.
+func writeTooLarge(w http.ResponseWriter, r *http.Request, limit int64) {
+	if r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
 	writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{
 		"code":    8,
 		"message": fmt.Sprintf("request body over the %s limit (HANGAR_MAX_REQUEST_MB)", formatLimit(limit)),

@@ -352,6 +352,12 @@ func TestRequestBodyCap(t *testing.T) {
 			}
 		})
 	}
+	t.Run("over, h2", func(t *testing.T) {
+		code, body, _ := post(t, h2cClient(t), base+"/v1/echo", token, "application/json", chunked{bigJSON(100 << 20)})
+		if code != http.StatusRequestEntityTooLarge || !strings.Contains(body, tooLarge) {
+			t.Errorf("POST over h2 = %d %.200q, want 413", code, body)
+		}
+	})
 
 	conn, err := rpc.Dial(r.addr, rpc.ClientOptions{Token: token})
 	if err != nil {
