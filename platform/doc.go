@@ -7,8 +7,10 @@
 //   - logging: slog loggers that carry the trace id from the context
 //   - telemetry: OpenTelemetry tracing and Prometheus metrics
 //   - rpc: the gRPC server and client constructors
-//   - apiserver: one port serving gRPC, REST, /healthz, /metrics and /openapi.json
-//   - redisconn: a Redis connection, embedded (miniredis) when no URL is given
+//   - apiserver: one port serving gRPC, REST, /healthz, /readyz, /metrics and
+//     /openapi.json, the token checked before any body is read
+//   - redisconn: a Redis connection, embedded (miniredis, password required)
+//     when no URL is given
 //   - blob: an object store interface and its local directory implementation
 //   - service: assembles logger, telemetry and apiserver into one service process
 package platform

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -39,7 +40,7 @@ func jobRunE(lookupEnv func(string) (string, bool), body func(ctx context.Contex
 
 func jobRunCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
 	var (
-		bestOf         int
+		bestOf         int32
 		check, session string
 		wait           bool
 	)
@@ -57,7 +58,7 @@ func jobRunCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobr
 				return errors.New("MESSAGE is empty")
 			}
 			req := &sessionv1.CreateJobRequest{
-				Strategy: sessionv1.JobStrategy_JOB_STRATEGY_BEST_OF_N, Session: session, Message: args[0], N: int32(bestOf), Check: check,
+				Strategy: sessionv1.JobStrategy_JOB_STRATEGY_BEST_OF_N, Session: session, Message: args[0], N: bestOf, Check: check,
 			}
 			return jobRunE(lookupEnv, func(_ context.Context, c sessionv1.JobServiceClient) error {
 				ctx := cmd.Context()
@@ -82,7 +83,7 @@ func jobRunCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobr
 			})
 		},
 	}
-	cmd.Flags().IntVar(&bestOf, "best-of", 2, "attempts (up to HANGAR_FORK_MAX, 8)")
+	int32Flag(cmd.Flags(), &bestOf, "best-of", "", 2, 1, math.MaxInt32, "attempts (up to HANGAR_FORK_MAX, 8)")
 	cmd.Flags().StringVar(&check, "check", "", "command run in each attempt's work tree: exit 0 passes, the last number printed is the score")
 	cmd.Flags().StringVar(&session, "session", "", "the prepared session to fork")
 	cmd.Flags().BoolVarP(&wait, "wait", "w", false, "wait for the job to deliver")

@@ -150,8 +150,12 @@ func sandboxExecCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			timeoutSeconds, err := int32Seconds("timeout", timeout)
+			if err != nil {
+				return err
+			}
 			start := &sandboxv1.ExecStart{SandboxId: args[0], FencingToken: token, Command: args[1:], Cwd: cwd,
-				TimeoutSeconds: int32(timeout / time.Second)}
+				TimeoutSeconds: timeoutSeconds}
 			if len(envs) > 0 {
 				start.Env = map[string]string{}
 				for _, kv := range envs {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -129,7 +130,7 @@ func (f *sessionTurnFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.schema, "schema", "", "JSON Schema FILE: the turn returns a structured result matching it")
 	fl.Float64Var(&f.maxCost, "max-cost", 0, "stop the turn (outcome over_budget) past this many USD")
 	fl.Int64Var(&f.maxTokens, "max-tokens", 0, "stop the turn (outcome over_budget) past this many tokens")
-	fl.Int32Var(&f.maxMinutes, "max-minutes", 0, "stop the turn (outcome over_budget) past this many minutes")
+	int32Flag(fl, &f.maxMinutes, "max-minutes", "", 0, math.MinInt32, math.MaxInt32, "stop the turn (outcome over_budget) past this many minutes")
 	fl.BoolVarP(&f.wait, "wait", "w", false, "wait for the turn: show its events, then its outcome and result; exit 1 failed, 2 over_budget, 3 interrupted")
 }
 
@@ -291,7 +292,7 @@ func sessionNewCommand(streams Streams, lookupEnv func(string) (string, bool)) *
 	fl.StringVarP(&env, "environment", "e", "", "environment to run in (the server's default, local, when unset)")
 	fl.StringVar(&repo, "repo", "", "repository URL instead of the environment's")
 	fl.StringVar(&branch, "branch", "", "session branch (default hangar/session/NAME)")
-	fl.Int32Var(&idle, "idle", 0, "minutes idle before suspending; 0 = never (default HANGAR_SESSION_IDLE_MINUTES)")
+	int32Flag(fl, &idle, "idle", "", 0, math.MinInt32, math.MaxInt32, "minutes idle before suspending; 0 = never (default HANGAR_SESSION_IDLE_MINUTES)")
 	fl.StringVar(&model, "model", "", "model the harness runs")
 	fl.StringVar(&approval, "approvals", "", "tool calls: never (run without asking) or ask (wait for session approvals)")
 	fl.BoolVar(&fromLocal, "from-local", false, "continue this checkout: its unpushed commits and uncommitted changes go with the first turn")
@@ -494,7 +495,7 @@ func sessionKeepCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 			})(cmd, args)
 		},
 	}
-	cmd.Flags().Int32Var(&idle, "idle", 0, "minutes idle before suspending; 0 = never")
+	int32Flag(cmd.Flags(), &idle, "idle", "", 0, math.MinInt32, math.MaxInt32, "minutes idle before suspending; 0 = never")
 	return cmd
 }
 
@@ -558,7 +559,7 @@ func sessionEventsCommand(streams Streams, lookupEnv func(string) (string, bool)
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing events as they happen (Ctrl-C to stop)")
-	cmd.Flags().Int32Var(&turn, "turn", 0, "only this turn's events")
+	int32Flag(cmd.Flags(), &turn, "turn", "", 0, math.MinInt32, math.MaxInt32, "only this turn's events")
 	return cmd
 }
 
@@ -659,7 +660,7 @@ func sessionArtifactsCommand(streams Streams, lookupEnv func(string) (string, bo
 	}
 	cmd.Flags().StringVar(&get, "get", "", "download the artifact at PATH")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "with --get: write to FILE (- for stdout; default the artifact's name here)")
-	cmd.Flags().Int32Var(&turn, "turn", 0, "only this turn's artifacts (default every turn's; with --get the newest that has it)")
+	int32Flag(cmd.Flags(), &turn, "turn", "", 0, math.MinInt32, math.MaxInt32, "only this turn's artifacts (default every turn's; with --get the newest that has it)")
 	return cmd
 }
 

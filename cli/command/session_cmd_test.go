@@ -54,6 +54,18 @@ func TestSessionBadInputIsOneLine(t *testing.T) {
 		{"list with a bad state", []string{"session", "list", "--state", "sleeping"}, `--state "sleeping"`},
 		{"list with arguments", []string{"session", "list", "x"}, `unknown command "x"`},
 		{"events of a negative turn", []string{"session", "events", "a", "--turn", "-1"}, "--turn -1"},
+		// Counts are parsed as the int32 the API takes: no wrap to a small
+		// number (4294967297 was int32 1: one fork).
+		{"fork -n past int32", []string{"session", "fork", "a", "-n", "4294967297"}, `invalid argument "4294967297" for "-n, --n" flag: want a whole number from 1 to 2147483647`},
+		{"fork -n 0", []string{"session", "fork", "a", "-n", "0"}, `invalid argument "0" for "-n, --n" flag: want a whole number from 1 to 2147483647`},
+		{"fork -n not a number", []string{"session", "fork", "a", "-n", "three"}, `invalid argument "three" for "-n, --n" flag`},
+		{"best-of past int32", []string{"job", "run", "--session", "a", "--check", "true", "--best-of", "4294967298", "hi"}, `invalid argument "4294967298" for "--best-of" flag: want a whole number from 1 to 2147483647`},
+		{"idle past int32", []string{"session", "keep", "a", "--idle", "4294967296"}, `invalid argument "4294967296" for "--idle" flag: want a whole number that fits in 32 bits`},
+		{"max-minutes past int32", []string{"session", "send", "a", "hi", "--max-minutes", "2147483648"}, `invalid argument "2147483648" for "--max-minutes" flag`},
+		{"turn past int32", []string{"session", "events", "a", "--turn", "4294967297"}, `invalid argument "4294967297" for "--turn" flag`},
+		{"artifacts turn past int32", []string{"session", "artifacts", "a", "--turn", "4294967297"}, `invalid argument "4294967297" for "--turn" flag`},
+		{"exec timeout past int32 seconds", []string{"sb", "exec", "sb-1", "--timeout", "1000000h", "--", "true"}, "--timeout 1000000h0m0s: want at most 596523h14m7s"},
+		{"exec negative timeout", []string{"sb", "exec", "sb-1", "--timeout", "-1s", "--", "true"}, "--timeout -1s: want 0 or more"},
 		{"artifacts -o without --get", []string{"session", "artifacts", "a", "-o", "x"}, "-o FILE goes with --get PATH"},
 		{"allow and deny", []string{"session", "approvals", "a", "--allow", "x", "--deny", "y"}, "not both"},
 		{"allow without an id", []string{"session", "approvals", "a", "--allow", ""}, "take an approval ID"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -14,7 +15,7 @@ import (
 // sessionForkCommand is `hangar session fork NAME [MESSAGE] -n N`.
 func sessionForkCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
 	var (
-		n       int
+		n       int32
 		names   []string
 		harness string
 		wait    bool
@@ -24,7 +25,7 @@ func sessionForkCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 		Short: "Branch a session into N sessions (forks); with a message each runs it, without one they only boot",
 		Args:  sessionArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := &sessionv1.ForkSessionRequest{Name: args[0], N: int32(n), Names: names}
+			req := &sessionv1.ForkSessionRequest{Name: args[0], N: n, Names: names}
 			if len(args) == 2 {
 				if strings.TrimSpace(args[1]) == "" {
 					return errors.New("MESSAGE is empty")
@@ -61,7 +62,7 @@ func sessionForkCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 			})(cmd, args)
 		},
 	}
-	cmd.Flags().IntVarP(&n, "n", "n", 1, "how many forks (up to HANGAR_FORK_MAX, 8)")
+	int32Flag(cmd.Flags(), &n, "n", "n", 1, 1, math.MaxInt32, "how many forks (up to HANGAR_FORK_MAX, 8)")
 	cmd.Flags().StringArrayVar(&names, "name", nil, "a fork's name, once per fork (default NAME-fork-<i>)")
 	cmd.Flags().StringVar(&harness, "harness", "", "fork into another agent: claude, codex, pi, antigravity (starts with a handoff)")
 	cmd.Flags().BoolVarP(&wait, "wait", "w", false, "wait for every fork's first turn to end")

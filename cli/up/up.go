@@ -1,6 +1,7 @@
 // Package up runs every hangar service in one process on loopback with
 // embedded defaults: `hangar up`. Data lives under HANGAR_HOME; Redis is an
-// in-process server unless HANGAR_REDIS_URL is set. A front door on
+// in-process server, with the password in HANGAR_HOME/redis.password, unless
+// HANGAR_REDIS_URL is set. A front door on
 // HANGAR_ADDR serves the whole API (gRPC and REST) so a client needs one URL
 // and one token; each service also listens on its own address.
 package up
@@ -19,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -76,6 +78,10 @@ type Stack struct {
 	// OfflineModel is the URL of the scripted upstream the gateway uses when
 	// no model credentials are set (empty when a real upstream is set).
 	OfflineModel string
+	// EmbeddedRedis is the embedded Redis's address (empty when
+	// HANGAR_REDIS_URL is set). It requires the password in
+	// HANGAR_HOME/redis.password.
+	EmbeddedRedis string
 
 	done chan struct{}
 	err  error
@@ -215,19 +221,32 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		return nil, err
 	}
 
+	// The services read their settings from the environment; what up's own
+	// flags set (or up made) goes to them through this overlay.
 	overlay := map[string]string{
 		"HANGAR_HOME":           cfg.Home,
 		"HANGAR_TOKEN":          token,
 		"HANGAR_VAULT_KEY_FILE": filepath.Join(cfg.Home, "vault.key"),
 	}
+	if cfg.MaxRequestMB > 0 {
+		overlay["HANGAR_MAX_REQUEST_MB"] = strconv.Itoa(cfg.MaxRequestMB)
+	}
 	var redis *redisconn.Conn
 	if cfg.RedisURL == "" {
-		redis, err = redisconn.Open(ctx, "", logger)
+		password, err := loadOrCreateSecret(filepath.Join(cfg.Home, "redis.password"), "the embedded redis password")
+		if err != nil {
+			return fail(err)
+		}
+		redis, err = redisconn.OpenEmbedded(ctx, password, logger)
 		if err != nil {
 			return fail(fmt.Errorf("starting the embedded redis: %w", err))
 		}
 		cleanup = append(cleanup, func() { _ = redis.Close() })
-		overlay["HANGAR_REDIS_URL"] = "redis://" + redis.Addr()
+		// The password travels in memory only: the overlay is not the
+		// process environment, so nothing started later inherits it.
+		overlay["HANGAR_REDIS_URL"] = redis.URL()
+	} else {
+		overlay["HANGAR_REDIS_URL"] = cfg.RedisURL
 	}
 	var model *offlineModel
 	if needsOfflineModel(lookupEnv) {
@@ -277,6 +296,9 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 	if model != nil {
 		stack.OfflineModel = model.URL
 	}
+	if redis != nil {
+		stack.EmbeddedRedis = redis.Addr()
+	}
 	apps := make([]app, 0, len(all))
 	routes := map[string]http.Handler{}
 	for i, spec := range all {
@@ -294,7 +316,7 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 
 	frontDoor, err := service.New(ctx, service.Options{
 		Name:   "hangar",
-		Common: config.Common{Token: token, LogLevel: cfg.LogLevel, LogFormat: cfg.LogFormat, OTLPEndpoint: cfg.OTLPEndpoint},
+		Common: config.Common{Token: token, LogLevel: cfg.LogLevel, LogFormat: cfg.LogFormat, OTLPEndpoint: cfg.OTLPEndpoint, MaxRequestMB: cfg.MaxRequestMB},
 		Logger: logger,
 		Routes: routes,
 		Gateways: []service.Gateway{
@@ -547,6 +569,39 @@ func loadOrCreateToken(home, given string) (string, bool, error) {
 		return "", false, fmt.Errorf("HANGAR_HOME=%s: cannot save the token: %w", home, err)
 	}
 	return token, true, nil
+}
+
+// loadOrCreateSecret returns the secret in path, or makes one on first start:
+// 32 random bytes, hex, mode 0600. An existing file readable by others is
+// refused, as for the vault key.
+func loadOrCreateSecret(path, what string) (string, error) {
+	info, err := os.Stat(path)
+	switch {
+	case err == nil:
+		if info.Mode().Perm()&0o077 != 0 {
+			return "", fmt.Errorf("%s file %s has mode %04o: run chmod 600 %s", what, path, info.Mode().Perm(), path)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", fmt.Errorf("cannot read %s: %w", what, unwrapPath(err))
+		}
+		if secret := strings.TrimSpace(string(b)); secret != "" {
+			return secret, nil
+		}
+		return "", fmt.Errorf("%s file %s is empty: remove it and start again to make a new one", what, path)
+	case errors.Is(err, fs.ErrNotExist):
+		raw := make([]byte, 32)
+		if _, err := rand.Read(raw); err != nil {
+			return "", fmt.Errorf("generating %s: %w", what, err)
+		}
+		secret := hex.EncodeToString(raw)
+		if err := writeSecret(path, []byte(secret+"\n")); err != nil {
+			return "", fmt.Errorf("cannot save %s: %w", what, err)
+		}
+		return secret, nil
+	default:
+		return "", fmt.Errorf("cannot read %s: %w", what, unwrapPath(err))
+	}
 }
 
 // loadOrCreateVaultKey makes the vault key on first start: 32 random bytes,

@@ -105,15 +105,19 @@ func TestEveryServiceAnswersHealth(t *testing.T) {
 			}
 		})
 		t.Run(svc.Name+"/rest", func(t *testing.T) {
-			checkHTTP(t, "http://"+svc.Addr+"/healthz", "", http.StatusUnauthorized)
-			checkHTTP(t, "http://"+svc.Addr+"/healthz", "wrong", http.StatusUnauthorized)
-			checkHTTP(t, "http://"+svc.Addr+"/healthz", stack.Token, http.StatusOK)
+			checkHTTP(t, "http://"+svc.Addr+"/healthz", "", http.StatusOK)
+			checkHTTP(t, "http://"+svc.Addr+"/readyz", "", http.StatusOK)
+			checkHTTP(t, "http://"+svc.Addr+"/metrics", "", http.StatusUnauthorized)
+			checkHTTP(t, "http://"+svc.Addr+"/metrics", "wrong", http.StatusUnauthorized)
+			checkHTTP(t, "http://"+svc.Addr+"/metrics", stack.Token, http.StatusOK)
 		})
 	}
 
 	t.Run("front door", func(t *testing.T) {
-		checkHTTP(t, stack.URL+"/healthz", "", http.StatusUnauthorized)
-		checkHTTP(t, stack.URL+"/healthz", stack.Token, http.StatusOK)
+		checkHTTP(t, stack.URL+"/healthz", "", http.StatusOK)
+		checkHTTP(t, stack.URL+"/readyz", "", http.StatusOK)
+		checkHTTP(t, stack.URL+"/metrics", "", http.StatusUnauthorized)
+		checkHTTP(t, stack.URL+"/metrics", stack.Token, http.StatusOK)
 		checkHTTP(t, stack.URL+"/openapi.json", "", http.StatusOK)
 
 		conn, err := rpc.Dial(strings.TrimPrefix(stack.URL, "http://"), rpc.ClientOptions{Token: stack.Token})

@@ -1,6 +1,6 @@
 // Package apiserver serves a hangar service's gRPC API, its REST mapping
-// (grpc-gateway), /healthz, /metrics and /openapi.json on one port, and
-// drains gracefully on shutdown.
+// (grpc-gateway), /healthz, /readyz, /metrics and /openapi.json on one port,
+// and drains gracefully on shutdown.
 //
 // One http.Server speaks HTTP/1.1 and unencrypted HTTP/2 (h2c with prior
 // knowledge, which is what gRPC clients send over plaintext). Each request is
@@ -8,15 +8,23 @@
 //
 //  1. Options.Routes: the longest matching path prefix, for any request,
 //     gRPC or not (a front door forwards "/hangar.session.v1.SessionService/"
-//     to another in-process Server's Handler);
-//  2. the gRPC server, for HTTP/2 requests whose content-type starts with
-//     application/grpc;
-//  3. GET /healthz (bearer token required), GET /metrics and
-//     GET /openapi.json (no token);
-//  4. the grpc-gateway mux, whose handlers call the gRPC server through a
-//     client connection to the server's own listener, passing the caller's
-//     Authorization header on (so REST calls are authenticated by the same
-//     interceptor as gRPC calls).
+//     to another in-process Server's Handler, which checks the token itself);
+//  2. GET /healthz (the process answers), GET /readyz (the server is
+//     SERVING) and GET /openapi.json, without a token; the health endpoints
+//     answer "ok" and nothing else;
+//  3. the bearer-token check, from the request's headers alone: a request
+//     without the token is answered (401, or Unauthenticated for gRPC)
+//     before any of its body is read, whatever its path or gRPC service;
+//  4. the gRPC server, for HTTP/2 requests whose content-type starts with
+//     application/grpc (messages capped at Options.MaxRequestBytes);
+//  5. GET /metrics;
+//  6. the grpc-gateway mux, with the body capped at Options.MaxRequestBytes
+//     (413 beyond it, before reading when Content-Length says so), whose
+//     handlers call the gRPC server through a client connection to the
+//     server's own listener, passing the caller's Authorization header on (so
+//     REST calls also pass the same interceptors as gRPC calls). Enum fields
+//     given by an unknown name are InvalidArgument (protojson would drop
+//     them, as it drops unknown fields).
 package apiserver
 
 import (
@@ -24,10 +32,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -36,12 +46,15 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/hangar-dev/hangar/platform/auth"
+	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/platform/rpc"
 )
 
@@ -61,8 +74,11 @@ type Options struct {
 	Name string
 	// Logger receives the server's and the gRPC chain's records. Nil discards.
 	Logger *slog.Logger
-	// Token is the bearer token required on gRPC, REST and /healthz. Required.
+	// Token is the bearer token required on gRPC, REST and /metrics. Required.
 	Token string
+	// MaxRequestBytes caps a REST request body and a received gRPC message;
+	// zero means rpc.DefaultMaxMessageBytes.
+	MaxRequestBytes int64
 	// Register registers the service implementations on the gRPC server.
 	// The health and reflection services are registered already.
 	Register func(s *grpc.Server)
@@ -71,7 +87,8 @@ type Options struct {
 	Gateways []func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error
 	// OpenAPI is served at GET /openapi.json without a token; nil means 404.
 	OpenAPI []byte
-	// Metrics is served at GET /metrics without a token; nil means 404.
+	// Metrics is served at GET /metrics to holders of the token; nil means
+	// 404.
 	Metrics http.Handler
 	// Routes maps path prefixes (starting with "/") to handlers that get
 	// matching requests before anything else, without a token check of this
@@ -118,6 +135,9 @@ func New(opts Options) (*Server, error) {
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if opts.MaxRequestBytes <= 0 {
+		opts.MaxRequestBytes = rpc.DefaultMaxMessageBytes
+	}
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -138,11 +158,12 @@ func New(opts Options) (*Server, error) {
 	})
 
 	s.grpc = rpc.NewServer(rpc.ServerOptions{
-		Logger:         logger,
-		Token:          opts.Token,
-		DefaultTimeout: opts.DefaultTimeout,
-		TracerProvider: opts.TracerProvider,
-		MeterProvider:  opts.MeterProvider,
+		Logger:          logger,
+		Token:           opts.Token,
+		DefaultTimeout:  opts.DefaultTimeout,
+		MaxRecvMsgBytes: opts.MaxRequestBytes,
+		TracerProvider:  opts.TracerProvider,
+		MeterProvider:   opts.MeterProvider,
 	})
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -152,7 +173,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.setServing(healthpb.HealthCheckResponse_NOT_SERVING)
 
-	d := &dispatcher{s: s, healthz: auth.HTTPMiddleware(opts.Token, getOnly(http.HandlerFunc(s.serveHealthz)))}
+	d := &dispatcher{s: s, healthz: getOnly(http.HandlerFunc(serveLive)), readyz: getOnly(http.HandlerFunc(s.serveReady))}
 	if opts.Metrics != nil {
 		d.metrics = getOnly(opts.Metrics)
 	}
@@ -196,8 +217,9 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	addr := lis.Addr().String()
 	conn, err := rpc.Dial(dialTarget(lis.Addr()), rpc.ClientOptions{
-		TracerProvider: s.opts.TracerProvider,
-		MeterProvider:  s.opts.MeterProvider,
+		MaxRecvMsgBytes: s.opts.MaxRequestBytes,
+		TracerProvider:  s.opts.TracerProvider,
+		MeterProvider:   s.opts.MeterProvider,
 	})
 	if err != nil {
 		_ = lis.Close()
@@ -305,21 +327,47 @@ func dialTarget(addr net.Addr) string {
 }
 
 // newGatewayMux returns a grpc-gateway mux that writes JSON with the proto
-// field names and all fields, and ignores unknown request fields.
+// field names and all fields, ignores unknown request fields but not unknown
+// enum names, and answers a body over the cap with 413.
 func newGatewayMux() *runtime.ServeMux {
 	return runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.HTTPBodyMarshaler{
-			Marshaler: &runtime.JSONPb{
+			Marshaler: &enumCheckingJSON{JSONPb: runtime.JSONPb{
 				MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
 				UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: true},
-			},
+			}},
 		}),
+		runtime.WithErrorHandler(gatewayError),
 	)
 }
 
+// gatewayError is runtime.DefaultHTTPErrorHandler, except for what the body
+// reader saw: a body over the cap is a 413, and an unknown enum name the
+// InvalidArgument status the gRPC edge gives (with its reason and field)
+// rather than the gateway's bare one.
+func gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	if body, ok := r.Body.(*cappedBody); ok {
+		switch {
+		case body.overLimit.Load():
+			writeTooLarge(w, r, body.limit)
+			return
+		case body.decodeFault.Load() != nil:
+			err = fault.Status(body.decodeFault.Load()).Err()
+		}
+	}
+	if status.Code(err) == codes.InvalidArgument && r.URL.RawQuery != "" {
+		if md := requestDescriptor(ctx); md != nil {
+			if ferr := checkQueryEnums(md, r.URL.Query()); ferr != nil {
+				err = fault.Status(ferr).Err()
+			}
+		}
+	}
+	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+}
+
 type dispatcher struct {
-	s                         *Server
-	healthz, metrics, openAPI http.Handler // nil when not served
+	s                                 *Server
+	healthz, readyz, metrics, openAPI http.Handler // nil when not served
 }
 
 func (d *dispatcher) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -329,21 +377,39 @@ func (d *dispatcher) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+	isGRPC := r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
+	if !isGRPC {
+		var open http.Handler
+		switch r.URL.Path {
+		case "/healthz":
+			open = d.healthz
+		case "/readyz":
+			open = d.readyz
+		case "/openapi.json":
+			open = d.openAPI
+		}
+		if open != nil {
+			open.ServeHTTP(w, r)
+			return
+		}
+	}
+	// Everything else needs the token, checked on the headers alone: nothing
+	// of the body is read for a caller without it, and a gRPC call to a
+	// service this server does not have looks like any other.
+	if !auth.Valid(d.s.opts.Token, r.Header.Get("Authorization")) {
+		if isGRPC {
+			writeGRPCUnauthenticated(w)
+		} else {
+			auth.WriteUnauthorized(w)
+		}
+		return
+	}
+	if isGRPC {
 		d.s.grpc.ServeHTTP(w, r)
 		return
 	}
-	var fixed http.Handler
-	switch r.URL.Path {
-	case "/healthz":
-		fixed = d.healthz
-	case "/metrics":
-		fixed = d.metrics
-	case "/openapi.json":
-		fixed = d.openAPI
-	}
-	if fixed != nil {
-		fixed.ServeHTTP(w, r)
+	if r.URL.Path == "/metrics" && d.metrics != nil {
+		d.metrics.ServeHTTP(w, r)
 		return
 	}
 	gw := d.s.gateway.Load()
@@ -351,20 +417,84 @@ func (d *dispatcher) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"code": 14, "message": "server is not serving yet"})
 		return
 	}
+	limit := d.s.opts.MaxRequestBytes
+	if r.ContentLength > limit {
+		writeTooLarge(w, r, limit)
+		return
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &cappedBody{ReadCloser: http.MaxBytesReader(w, r.Body, limit), limit: limit}
+	}
 	gw.ServeHTTP(w, r)
 }
 
-func (s *Server) serveHealthz(w http.ResponseWriter, r *http.Request) {
+// cappedBody is a REST request body read through http.MaxBytesReader. It
+// remembers what went wrong while the gateway read it, for gatewayError.
+type cappedBody struct {
+	io.ReadCloser
+	limit       int64
+	overLimit   atomic.Bool
+	decodeFault atomic.Pointer[fault.Error]
+}
+
+func (b *cappedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		b.overLimit.Store(true)
+	}
+	return n, err
+}
+
+// writeTooLarge answers 413 in the gateway's error shape. Code 8 is
+// RESOURCE_EXHAUSTED, what a gRPC server answers for a message over its cap.
+// An HTTP/1 connection is closed after it rather than drained of the rest.
+func writeTooLarge(w http.ResponseWriter, r *http.Request, limit int64) {
+	if r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
+	writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{
+		"code":    8,
+		"message": fmt.Sprintf("request body over the %s limit (HANGAR_MAX_REQUEST_MB)", formatLimit(limit)),
+	})
+}
+
+// formatLimit writes a byte count in whole MB when it is one.
+func formatLimit(n int64) string {
+	if n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// writeGRPCUnauthenticated answers a gRPC call with status Unauthenticated
+// (headers, no message, trailers), as grpc-go's handler transport would,
+// without reading the request.
+func writeGRPCUnauthenticated(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "application/grpc")
+	h.Add("Trailer", "Grpc-Status")
+	h.Add("Trailer", "Grpc-Message")
+	w.WriteHeader(http.StatusOK)
+	h.Set("Grpc-Status", strconv.Itoa(int(codes.Unauthenticated)))
+	// The message is printable ASCII without '%': no percent-encoding needed.
+	h.Set("Grpc-Message", auth.Message)
+}
+
+// serveLive answers that the process serves HTTP.
+func serveLive(w http.ResponseWriter, _ *http.Request) {
+	writeText(w, http.StatusOK, "ok")
+}
+
+// serveReady answers "ok" while the server is SERVING (between Serve's start
+// and its drain), 503 otherwise.
+func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	resp, err := s.health.Check(r.Context(), &healthpb.HealthCheckRequest{})
-	st := healthpb.HealthCheckResponse_NOT_SERVING
-	if err == nil {
-		st = resp.GetStatus()
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		writeText(w, http.StatusServiceUnavailable, "not ready")
+		return
 	}
-	code := http.StatusOK
-	if st != healthpb.HealthCheckResponse_SERVING {
-		code = http.StatusServiceUnavailable
-	}
-	writeJSON(w, code, map[string]string{"status": st.String()})
+	writeText(w, http.StatusOK, "ok")
 }
 
 func (s *Server) serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
@@ -381,6 +511,13 @@ func getOnly(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+func writeText(w http.ResponseWriter, code int, text string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = io.WriteString(w, text+"\n")
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

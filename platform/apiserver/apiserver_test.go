@@ -221,11 +221,13 @@ func TestServer(t *testing.T) {
 			wantCode          int
 			wantBody          string // substring
 		}{
-			{"healthz with token", "/healthz", token, 200, `{"status":"SERVING"}`},
-			{"healthz without token", "/healthz", "", 401, `{"code":16,"message":"missing or invalid bearer token"}`},
-			{"healthz wrong token", "/healthz", "nope", 401, `"code":16`},
+			{"healthz without token", "/healthz", "", 200, "ok\n"},
+			{"healthz with a wrong token", "/healthz", "nope", 200, "ok\n"},
+			{"readyz without token", "/readyz", "", 200, "ok\n"},
 			{"openapi without token", "/openapi.json", "", 200, string(openAPI)},
-			{"metrics without token", "/metrics", "", 200, "target_info"},
+			{"metrics with token", "/metrics", token, 200, "target_info"},
+			{"metrics without token", "/metrics", "", 401, `{"code":16,"message":"missing or invalid bearer token"}`},
+			{"metrics wrong token", "/metrics", "nope", 401, `"code":16`},
 			{"rest with token", "/v1/health", token, 200, `{"status":"SERVING"}`},
 			{"rest with token, service field", "/v1/health?service=grpc.health.v1.Health", token, 200, `"status":"SERVING"`},
 			{"rest without token", "/v1/health", "", 401, `"message":"missing or invalid bearer token"`},
@@ -235,14 +237,20 @@ func TestServer(t *testing.T) {
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				code, body, _ := get(t, c, base+tt.path, tt.token)
+				code, body, header := get(t, c, base+tt.path, tt.token)
 				if code != tt.wantCode || !strings.Contains(body, tt.wantBody) {
 					t.Errorf("GET %s = %d %q, want %d containing %q", tt.path, code, body, tt.wantCode, tt.wantBody)
+				}
+				if code == http.StatusUnauthorized && header.Get("WWW-Authenticate") != "Bearer" {
+					t.Errorf("GET %s: WWW-Authenticate = %q, want Bearer", tt.path, header.Get("WWW-Authenticate"))
+				}
+				// The health endpoints say nothing but ok.
+				if (tt.path == "/healthz" || tt.path == "/readyz") && body != "ok\n" {
+					t.Errorf("GET %s body = %q, want just ok", tt.path, body)
 				}
 			})
 		}
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/healthz", nil)
-		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := c.Do(req)
 		if err != nil {
 			t.Fatalf("POST /healthz: %v", err)
@@ -254,7 +262,7 @@ func TestServer(t *testing.T) {
 	})
 
 	t.Run("metrics include rpc instrumentation", func(t *testing.T) {
-		_, body, _ := get(t, httpClient(t), base+"/metrics", "")
+		_, body, _ := get(t, httpClient(t), base+"/metrics", token)
 		if !strings.Contains(body, "rpc_server") {
 			t.Errorf("/metrics lacks otelgrpc server metrics:\n%s", body)
 		}
@@ -280,14 +288,19 @@ func TestNotServingBeforeServe(t *testing.T) {
 		t.Fatalf("New: %v", err)
 	}
 	rec := httptest.NewRecorder()
-	req := httptest.NewRequest(http.MethodGet, "/healthz", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	srv.Handler().ServeHTTP(rec, req)
-	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "NOT_SERVING") {
-		t.Errorf("/healthz before Serve = %d %q, want 503 NOT_SERVING", rec.Code, rec.Body.String())
+	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || rec.Body.String() != "not ready\n" {
+		t.Errorf("/readyz before Serve = %d %q, want 503 not ready", rec.Code, rec.Body.String())
 	}
 	rec = httptest.NewRecorder()
-	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	if rec.Code != http.StatusOK || rec.Body.String() != "ok\n" {
+		t.Errorf("/healthz before Serve = %d %q, want 200 ok (the process answers)", rec.Code, rec.Body.String())
+	}
+	rec = httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	srv.Handler().ServeHTTP(rec, req)
 	if rec.Code != http.StatusServiceUnavailable {
 		t.Errorf("/metrics (nil handler, no gateway yet) = %d, want 503", rec.Code)
 	}
@@ -321,9 +334,9 @@ func TestRoutes(t *testing.T) {
 	if status.Code(err) != codes.Unauthenticated {
 		t.Errorf("Check via front with a wrong token = %v, want Unauthenticated from back", err)
 	}
-	// The front's own /healthz is not routed.
-	if code, _, _ := get(t, httpClient(t), "http://"+front.addr+"/healthz", token); code != 200 {
-		t.Errorf("front /healthz = %d", code)
+	// The front's own /readyz is not routed.
+	if code, _, _ := get(t, httpClient(t), "http://"+front.addr+"/readyz", ""); code != 200 {
+		t.Errorf("front /readyz = %d", code)
 	}
 }
 

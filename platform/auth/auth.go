@@ -95,14 +95,21 @@ const unauthorizedBody = `{"code":16,"message":"` + Message + `"}`
 func HTTPMiddleware(token string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !Valid(token, r.Header.Get(header)) {
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("WWW-Authenticate", Scheme)
-			w.WriteHeader(http.StatusUnauthorized)
-			_, _ = w.Write([]byte(unauthorizedBody + "\n"))
+			WriteUnauthorized(w)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// WriteUnauthorized answers 401 with "WWW-Authenticate: Bearer" (RFC 6750)
+// and the JSON body {"code":16,"message":"missing or invalid bearer token"}.
+// It reads nothing of the request.
+func WriteUnauthorized(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("WWW-Authenticate", Scheme)
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = w.Write([]byte(unauthorizedBody + "\n"))
 }
 
 // TokenCredentials attaches "authorization: Bearer <Token>" to every

@@ -69,7 +69,15 @@ type Common struct {
 	// RedisURL is a redis://, rediss:// or unix:// URL; empty means an
 	// embedded in-process Redis.
 	RedisURL string `env:"HANGAR_REDIS_URL" flag:"redis-url" help:"redis://, rediss:// or unix:// URL; empty runs an embedded Redis"`
+	// MaxRequestMB caps a REST request body and a gRPC message a service
+	// receives (413 / ResourceExhausted beyond it). 64 MB takes a turn's
+	// attachments and a session's git bundle; a REST body carries bytes
+	// fields as base64, a third larger than over gRPC.
+	MaxRequestMB int `env:"HANGAR_MAX_REQUEST_MB" flag:"max-request-mb" default:"64" min:"1" max:"2047" unit:"MB" help:"largest REST request body or gRPC message a service accepts"`
 }
+
+// MaxRequestBytes is MaxRequestMB in bytes (0 when unset: the default).
+func (c Common) MaxRequestBytes() int64 { return int64(c.MaxRequestMB) << 20 }
 
 // Load registers a flag for every tagged field of the struct dst points to on
 // fs, parses args with fs, and then sets each field from its flag, its

@@ -52,9 +52,10 @@ func TestLoad(t *testing.T) {
 	}
 	defaults := serviceConfig{
 		Common: config.Common{
-			Home:      filepath.Join(home, ".hangar"),
-			LogLevel:  "info",
-			LogFormat: "text",
+			Home:         filepath.Join(home, ".hangar"),
+			LogLevel:     "info",
+			LogFormat:    "text",
+			MaxRequestMB: 64,
 		},
 		IdleMinutes: 30,
 		Ratio:       0.5,
@@ -161,6 +162,16 @@ func TestLoad(t *testing.T) {
 			args:    []string{"-session-idle-minutes", "1.5"},
 			env:     env(),
 			wantErr: `-session-idle-minutes="1.5": want a whole number of minutes (>= 0)`,
+		},
+		{
+			name: "request cap",
+			env:  env("HANGAR_MAX_REQUEST_MB", "200"),
+			want: with(func(c *serviceConfig) { c.MaxRequestMB = 200 }),
+		},
+		{
+			name:    "request cap of zero",
+			env:     env("HANGAR_MAX_REQUEST_MB", "0"),
+			wantErr: `HANGAR_MAX_REQUEST_MB="0": want a whole number of MB (between 1 and 2047)`,
 		},
 		{
 			name:    "int above max",

@@ -1,6 +1,12 @@
 // Package redisconn opens hangar's Redis connection: to a server given by
 // URL, or, with no URL, to an embedded in-process miniredis.
 //
+// The embedded server listens on loopback, where a sandbox with full egress
+// or any local user can reach it, so it requires a password (AUTH) like a
+// real deployment should: one given to OpenEmbedded (`hangar up` keeps it
+// under HANGAR_HOME and hands every service the URL with it) or a random one.
+// A URL without a password is accepted with a warning.
+//
 // The embedded server is for a single-process hangar (development, a
 // laptop): it keeps data in memory only. miniredis expires keys only when its
 // clock is advanced, so Open advances it from a ticker; TTL-based leases then
@@ -10,9 +16,12 @@ package redisconn
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"sync"
 	"time"
 
@@ -33,6 +42,7 @@ type Conn struct {
 	Client *redis.Client
 
 	addr     string
+	password string // the embedded server's
 	embedded *miniredis.Miniredis
 	stop     chan struct{}
 	ticking  sync.WaitGroup
@@ -55,7 +65,11 @@ func Open(ctx context.Context, url string, logger *slog.Logger) (*Conn, error) {
 		redis.SetLogger(clientLogger{logger})
 	}
 	if url == "" {
-		return openEmbedded(ctx, logger)
+		password, err := randomPassword()
+		if err != nil {
+			return nil, err
+		}
+		return openEmbedded(ctx, password, logger)
 	}
 	opts, err := redis.ParseURL(url)
 	if err != nil {
@@ -72,17 +86,57 @@ func Open(ctx context.Context, url string, logger *slog.Logger) (*Conn, error) {
 	}
 	logger.LogAttrs(ctx, slog.LevelInfo, "redis connected",
 		slog.String("addr", opts.Addr), slog.Int("db", opts.DB))
+	if opts.Password == "" {
+		warnNoPassword(ctx, logger, opts.Addr)
+	}
 	return &Conn{Client: client, addr: opts.Addr}, nil
 }
 
-func openEmbedded(ctx context.Context, logger *slog.Logger) (*Conn, error) {
+// warned holds the addresses already warned about: with several services in
+// one process (hangar up) each opens the same URL, and one warning says it.
+var warned sync.Map
+
+func warnNoPassword(ctx context.Context, logger *slog.Logger, addr string) {
+	if _, dup := warned.LoadOrStore(addr, true); dup {
+		return
+	}
+	logger.LogAttrs(ctx, slog.LevelWarn, "HANGAR_REDIS_URL has no password",
+		slog.String("addr", addr),
+		slog.String("risk", "anyone who reaches the server can forge run tokens and edit leases, holds and budgets"),
+		slog.String("fix", "set requirepass (or an ACL user) on the server and use redis://:PASSWORD@host:port/db"))
+}
+
+// OpenEmbedded starts an embedded miniredis on 127.0.0.1 that refuses every
+// command until a client authenticates with password (NOAUTH), and returns a
+// connection authenticated with it. password must not be empty.
+func OpenEmbedded(ctx context.Context, password string, logger *slog.Logger) (*Conn, error) {
+	if password == "" {
+		return nil, errors.New("redisconn: the embedded redis needs a password")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return openEmbedded(ctx, password, logger)
+}
+
+func randomPassword() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("HANGAR_REDIS_URL: generating the embedded redis password: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+func openEmbedded(ctx context.Context, password string, logger *slog.Logger) (*Conn, error) {
 	mr := miniredis.NewMiniRedis()
+	mr.RequireAuth(password)
 	if err := mr.StartAddr("127.0.0.1:0"); err != nil {
 		return nil, fmt.Errorf("HANGAR_REDIS_URL: start embedded redis: %w", err)
 	}
 	c := &Conn{
-		Client:   redis.NewClient(&redis.Options{Addr: mr.Addr()}),
+		Client:   redis.NewClient(&redis.Options{Addr: mr.Addr(), Password: password}),
 		addr:     mr.Addr(),
+		password: password,
 		embedded: mr,
 		stop:     make(chan struct{}),
 	}
@@ -118,6 +172,17 @@ func (c *Conn) Embedded() bool { return c.embedded != nil }
 
 // Addr returns the server's address (host:port or socket path).
 func (c *Conn) Addr() string { return c.addr }
+
+// URL returns a redis:// URL for the embedded server, password included, for
+// other services of the process to connect with; "" for a server given by
+// URL. It holds a secret: pass it on in memory, never log it.
+func (c *Conn) URL() string {
+	if c.embedded == nil {
+		return ""
+	}
+	u := url.URL{Scheme: "redis", User: url.UserPassword("", c.password), Host: c.addr}
+	return u.String()
+}
 
 // Close closes the client and, for the embedded server, stops its clock and
 // the server. It is safe to call more than once.

@@ -249,3 +249,103 @@ func TestCloseTwice(t *testing.T) {
 		t.Errorf("second Close: %v", err)
 	}
 }
+
+// TestEmbeddedRequiresPassword checks that the embedded server refuses
+// clients without the password (NOAUTH) or with a wrong one, and serves the
+// connection Open returns and clients using its URL.
+func TestEmbeddedRequiresPassword(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		open func() (*redisconn.Conn, error)
+	}{
+		{"random password", func() (*redisconn.Conn, error) { return redisconn.Open(t.Context(), "", nil) }},
+		{"given password", func() (*redisconn.Conn, error) {
+			return redisconn.OpenEmbedded(t.Context(), "s3cret-for-test", nil)
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, err := tt.open()
+			if err != nil {
+				t.Fatalf("open: %v", err)
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+			ctx := t.Context()
+
+			anonymous := redis.NewClient(&redis.Options{Addr: conn.Addr()})
+			defer anonymous.Close()
+			if err := anonymous.Set(ctx, keyPrefix(t)+"forged", "run", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "NOAUTH") {
+				t.Errorf("SET without a password = %v, want NOAUTH", err)
+			}
+			wrong := redis.NewClient(&redis.Options{Addr: conn.Addr(), Password: "guess"})
+			defer wrong.Close()
+			if err := wrong.Ping(ctx).Err(); err == nil {
+				t.Error("PING with a wrong password succeeded")
+			}
+
+			if err := conn.Client.Ping(ctx).Err(); err != nil {
+				t.Errorf("PING on the connection Open returned: %v", err)
+			}
+			other, err := redisconn.Open(ctx, conn.URL(), nil)
+			if err != nil {
+				t.Fatalf("Open(URL()): %v", err)
+			}
+			defer other.Close()
+			k := keyPrefix(t) + "shared"
+			if err := other.Client.Set(ctx, k, "v", 0).Err(); err != nil {
+				t.Fatalf("SET through URL(): %v", err)
+			}
+			if got, err := conn.Client.Get(ctx, k).Result(); err != nil || got != "v" {
+				t.Errorf("GET = %q, %v; want the value set through URL()", got, err)
+			}
+		})
+	}
+	if _, err := redisconn.OpenEmbedded(t.Context(), "", nil); err == nil {
+		t.Error("OpenEmbedded with an empty password succeeded")
+	}
+}
+
+// TestURLWithoutPasswordWarns checks the warning at start for a server given
+// without credentials, once per address, and none with a password.
+func TestURLWithoutPasswordWarns(t *testing.T) {
+	c, err := net.DialTimeout("tcp", realRedis, time.Second)
+	if err != nil {
+		t.Skipf("no redis-server at %s: %v", realRedis, err)
+	}
+	_ = c.Close()
+	// "localhost" rather than 127.0.0.1: an address no other test opens, so
+	// the once-per-address warning is this test's.
+	const url = "redis://localhost:6379/0"
+	var logs syncBuffer
+	logger := logging.New(&logs, "info", "json")
+	for range 2 {
+		conn, err := redisconn.Open(t.Context(), url, logger)
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		_ = conn.Close()
+	}
+	if n := strings.Count(logs.String(), `"msg":"HANGAR_REDIS_URL has no password"`); n != 1 {
+		t.Errorf("warnings = %d, want 1:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), `"level":"WARN"`) || !strings.Contains(logs.String(), `"addr":"localhost:6379"`) {
+		t.Errorf("warning lacks its level or address:\n%s", logs.String())
+	}
+
+	// With a password, no warning (the embedded server stands in for one
+	// with requirepass).
+	embedded, err := redisconn.OpenEmbedded(t.Context(), "pw", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer embedded.Close()
+	logs = syncBuffer{}
+	conn, err := redisconn.Open(t.Context(), embedded.URL(), logger)
+	if err != nil {
+		t.Fatalf("Open(with password): %v", err)
+	}
+	_ = conn.Close()
+	if strings.Contains(logs.String(), "no password") {
+		t.Errorf("warned with a password:\n%s", logs.String())
+	}
+}

@@ -39,6 +39,9 @@ type ServerOptions struct {
 	// DefaultTimeout is the deadline added to unary calls that have none.
 	// Zero means 30s; negative adds none.
 	DefaultTimeout time.Duration
+	// MaxRecvMsgBytes is the largest message the server accepts
+	// (ResourceExhausted beyond it); zero means DefaultMaxMessageBytes.
+	MaxRecvMsgBytes int64
 	// TracerProvider and MeterProvider used by otelgrpc; nil means the
 	// OpenTelemetry globals. Set them when several services share a process
 	// (see telemetry.Setup).
@@ -46,11 +49,23 @@ type ServerOptions struct {
 	MeterProvider  metric.MeterProvider
 }
 
+// DefaultMaxMessageBytes caps a gRPC message (and, in apiserver, a REST
+// body) when no limit is configured (HANGAR_MAX_REQUEST_MB). grpc-go's own
+// default is 4 MB, which a turn's attachments or a session's git bundle
+// outgrow; 64 MB lets those through and bounds what one call can make a
+// server hold.
+const DefaultMaxMessageBytes = 64 << 20
+
 // NewServer returns a gRPC server whose calls go, in order, through: the
 // otelgrpc stats handler, panic recovery (a panic becomes codes.Internal
 // "internal error" and is logged with its stack), logging ("rpc finished"
 // with method, code and duration), bearer-token auth, a default deadline
-// (unary only) and fault mapping (fault.Status). extra options are appended.
+// (unary only), fault mapping (fault.Status) and the enum check
+// (CheckEnums: an undefined enum number is InvalidArgument). A call to a
+// service or method the server does not have passes the same chain, so it is
+// Unauthenticated without a token and Unimplemented with one: a caller
+// without the token learns nothing about what is served. Received messages
+// are capped at MaxRecvMsgBytes. extra options are appended.
 func NewServer(opts ServerOptions, extra ...grpc.ServerOption) *grpc.Server {
 	logger := opts.Logger
 	if logger == nil {
@@ -67,23 +82,38 @@ func NewServer(opts ServerOptions, extra ...grpc.ServerOption) *grpc.Server {
 	if opts.MeterProvider != nil {
 		otelOpts = append(otelOpts, otelgrpc.WithMeterProvider(opts.MeterProvider))
 	}
+	maxRecv := opts.MaxRecvMsgBytes
+	if maxRecv <= 0 {
+		maxRecv = DefaultMaxMessageBytes
+	}
 	serverOpts := []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelOpts...)),
+		grpc.MaxRecvMsgSize(int(maxRecv)),
+		grpc.UnknownServiceHandler(unknownService),
 		grpc.ChainUnaryInterceptor(
 			recoverUnary(logger),
 			logUnary(logger),
 			auth.UnaryServerInterceptor(opts.Token, opts.AuthExempt),
 			deadlineUnary(timeout),
 			fault.UnaryServerInterceptor(logger),
+			checkEnumsUnary(),
 		),
 		grpc.ChainStreamInterceptor(
 			recoverStream(logger),
 			logStream(logger),
 			auth.StreamServerInterceptor(opts.Token, opts.AuthExempt),
 			fault.StreamServerInterceptor(logger),
+			checkEnumsStream(),
 		),
 	}
 	return grpc.NewServer(append(serverOpts, extra...)...)
+}
+
+// unknownService answers a call to a method the server does not have, once
+// the interceptors (auth first) have let it through.
+func unknownService(_ any, ss grpc.ServerStream) error {
+	method, _ := grpc.MethodFromServerStream(ss)
+	return status.Errorf(codes.Unimplemented, "unknown method %s", method)
 }
 
 func errPanic() error { return status.Error(codes.Internal, fault.InternalMessage) }
@@ -183,6 +213,9 @@ type ClientOptions struct {
 	// DefaultTimeout is the deadline added to unary calls made without one.
 	// Zero means 30s; negative adds none.
 	DefaultTimeout time.Duration
+	// MaxRecvMsgBytes is the largest response message the client accepts;
+	// zero means DefaultMaxMessageBytes (the servers' own default cap).
+	MaxRecvMsgBytes int64
 	// TracerProvider and MeterProvider used by otelgrpc; nil means the
 	// OpenTelemetry globals.
 	TracerProvider trace.TracerProvider
@@ -213,8 +246,13 @@ func Dial(target string, opts ClientOptions, extra ...grpc.DialOption) (*grpc.Cl
 	if opts.MeterProvider != nil {
 		otelOpts = append(otelOpts, otelgrpc.WithMeterProvider(opts.MeterProvider))
 	}
+	maxRecv := opts.MaxRecvMsgBytes
+	if maxRecv <= 0 {
+		maxRecv = DefaultMaxMessageBytes
+	}
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(maxRecv))),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelOpts...)),
 		grpc.WithChainUnaryInterceptor(deadlineClient(timeout)),
 		// Larger flow-control windows: exec and checkpoint streams carry

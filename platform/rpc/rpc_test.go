@@ -188,15 +188,24 @@ func TestServerAuth(t *testing.T) {
 		{"no token", "", "Ok", codes.Unauthenticated},
 		{"no token, exempt method", "", "Deadline", codes.OK},
 		{"no token, stream", "", "StreamFault", codes.Unauthenticated},
+		// An unknown service or method is no hint without the token.
+		{"no token, unknown service", "", "/hangar.nope.v1.Nope/Call", codes.Unauthenticated},
+		{"wrong token, unknown method", "nope", "/hangar.test.v1.Test/Nope", codes.Unauthenticated},
+		{"right token, unknown service", token, "/hangar.nope.v1.Nope/Call", codes.Unimplemented},
+		{"no token, unknown stream", "", "/hangar.nope.v1.Nope/StreamCall", codes.Unauthenticated},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			conn := dial(t, f.addr, rpc.ClientOptions{Token: tt.token})
+			method := tt.method
+			if !strings.HasPrefix(method, "/") {
+				method = "/hangar.test.v1.Test/" + method
+			}
 			var err error
-			if strings.HasPrefix(tt.method, "Stream") {
-				err = recvStream(t, conn, tt.method)
+			if strings.Contains(method, "/Stream") {
+				err = recvStream(t, conn, method)
 			} else {
-				err = conn.Invoke(t.Context(), "/hangar.test.v1.Test/"+tt.method, &emptypb.Empty{}, &wrapperspb.Int64Value{})
+				err = conn.Invoke(t.Context(), method, &emptypb.Empty{}, &wrapperspb.Int64Value{})
 			}
 			if got := status.Code(err); got != tt.wantCode {
 				t.Errorf("code = %v (%v), want %v", got, err, tt.wantCode)
@@ -207,8 +216,11 @@ func TestServerAuth(t *testing.T) {
 
 func recvStream(t *testing.T, conn *grpc.ClientConn, method string) error {
 	t.Helper()
+	if !strings.HasPrefix(method, "/") {
+		method = "/hangar.test.v1.Test/" + method
+	}
 	desc := &grpc.StreamDesc{StreamName: method, ServerStreams: true}
-	s, err := conn.NewStream(t.Context(), desc, "/hangar.test.v1.Test/"+method)
+	s, err := conn.NewStream(t.Context(), desc, method)
 	if err != nil {
 		return err
 	}

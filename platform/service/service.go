@@ -84,7 +84,8 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		Metrics:  tel.MetricsHandler(),
 		Routes:   opts.Routes,
 
-		DefaultTimeout: opts.DefaultTimeout,
+		MaxRequestBytes: opts.Common.MaxRequestBytes(),
+		DefaultTimeout:  opts.DefaultTimeout,
 	})
 	if err != nil {
 		_ = tel.Shutdown(ctx)
