@@ -9,9 +9,13 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
+	"github.com/hangar-dev/hangar/gateway-svc/scripted"
+	sessionapp "github.com/hangar-dev/hangar/session-svc/app"
 )
 
 // TestRestartSuspendsOpenSessions: a file written in an open session's
@@ -93,5 +97,52 @@ func TestRestartInterruptsRunningTurn(t *testing.T) {
 	}
 	if out := s.mustExec(t, s.get(t, "midturn").GetSandboxId(), "cat midturn.txt"); out != "written mid-turn\n" {
 		t.Errorf("midturn.txt after resume = %q", out)
+	}
+}
+
+// TestPeriodicCheckpointDuringTurn: a session whose turn runs is still
+// checkpointed every HANGAR_SESSION_CHECKPOINT_MINUTES, with what the
+// agent has written so far.
+func TestPeriodicCheckpointDuringTurn(t *testing.T) {
+	script := scripted.Script{
+		Rules: append([]scripted.Rule{
+			{Name: "done", LastIsToolResult: scripted.Bool(true), Answer: scripted.Answer{Text: "Finished."}},
+		}, shellRules("long task", controlWaitCmd)...),
+		Default: &scripted.Answer{Text: "OK."},
+	}
+	clock := &sessionMoreClock{now: time.Now(), tick: make(chan time.Time)}
+	s := startStack(t, stackOptions{script: &script, clock: sessionapp.Clock{Now: clock.Now, Tick: clock.tick}})
+	s.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
+	ctx := context.Background()
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
+		Name: "long-turn", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Do the long task.",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sandbox := controlWaitRunning(t, s, "long-turn")
+	s.mustExec(t, sandbox, "printf 'an hour of work\\n' > progress.txt")
+	clock.advance(11 * time.Minute)
+	clock.sweep(t)
+
+	cps, err := s.checkpoints.ListCheckpoints(ctx, &checkpointv1.ListCheckpointsRequest{Session: "long-turn"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cps.GetCheckpoints()) == 0 || cps.GetCheckpoints()[0].GetReason() != checkpointv1.CheckpointReason_CHECKPOINT_REASON_PERIODIC {
+		t.Fatalf("checkpoints while the turn runs: %v, want a periodic one", cps.GetCheckpoints())
+	}
+	patch, err := s.checkpoints.GetCheckpointPatch(ctx, &checkpointv1.GetCheckpointPatchRequest{CheckpointId: cps.GetCheckpoints()[0].GetId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(patch.GetPatch(), "an hour of work") {
+		t.Errorf("the periodic checkpoint lacks the work written during the turn:\n%s", patch.GetPatch())
+	}
+	if got := s.get(t, "long-turn").GetState(); got != sessionv1.SessionState_SESSION_STATE_RUNNING {
+		t.Errorf("session during the periodic checkpoint: %v, want running", got)
+	}
+	s.mustExec(t, sandbox, "touch release.flag")
+	if turn := s.waitTurn(t, "long-turn", 1); turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+		t.Fatalf("turn: %v (%s)", turn.GetOutcome(), turn.GetOutcomeReason())
 	}
 }

@@ -407,6 +407,16 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 		tracked = strings.TrimSpace(tout.String())
 	}
 
+	if req.GetVerifySettled() {
+		var sout bytes.Buffer
+		if _, err := e.run(ctx, sb, shArgv(treeScript, wd, "-A"), gitEnv, nil, &sout); err != nil {
+			return nil, fmt.Errorf("capture settled tree: %w", err)
+		}
+		if strings.TrimSpace(sout.String()) != pr.tree {
+			return nil, fault.Aborted(ReasonTreeChanged, "the work tree changed while it was captured: no checkpoint was kept; take one again later")
+		}
+	}
+
 	cp := &checkpointv1.Checkpoint{
 		Session: req.GetSession(), Reason: req.GetReason(), Turn: req.GetTurn(),
 		Harness: req.GetHarness(), ConversationId: req.GetConversationId(),

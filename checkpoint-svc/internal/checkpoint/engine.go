@@ -114,6 +114,7 @@ const (
 	ReasonTreeMismatch = "CHECKPOINT_TREE_MISMATCH"
 	ReasonNotARepo     = "WORK_DIR_NOT_A_REPOSITORY"
 	ReasonBaseMissing  = "BASE_COMMIT_MISSING"
+	ReasonTreeChanged  = "TREE_CHANGED"
 )
 
 // domainErr turns an internal error about checkpoint id into a fault with a

@@ -60,6 +60,7 @@ func (m *Manager) sweepGuarded(ctx context.Context) {
 // Sweep does one round of the idle clock and the periodic checkpoints.
 func (m *Manager) Sweep(ctx context.Context) {
 	m.recoverStuck(ctx)
+	m.checkpointRunning(ctx)
 	sessions, err := m.d.Store.ListSessionsByState(ctx, store.StateIdle, store.StateNeedsInput)
 	if err != nil {
 		m.log.WarnContext(ctx, "idle sweep could not list sessions", "error", err)
@@ -122,9 +123,32 @@ func (m *Manager) sandboxGone(ctx context.Context, s *store.Session) bool {
 	return status.Code(err) == codes.NotFound
 }
 
+// checkpointRunning takes the periodic checkpoints of sessions whose turn
+// is running (a two-hour turn is checkpointed every CheckpointMinutes, not
+// only at its end). The agent writes while the tree is read, so the
+// checkpoint service drops a capture that saw the tree change; the next
+// sweep tries again.
+func (m *Manager) checkpointRunning(ctx context.Context) {
+	running, err := m.d.Store.ListSessionsByState(ctx, store.StateRunning)
+	if err != nil {
+		m.log.WarnContext(ctx, "idle sweep could not list sessions", "error", err)
+		return
+	}
+	now := m.now()
+	for _, s := range running {
+		if s.SandboxID != "" {
+			m.periodicCheckpointWith(ctx, s, now, true)
+		}
+	}
+}
+
 // periodicCheckpoint checkpoints an up session every CheckpointMinutes; the
 // checkpoint service reuses the previous checkpoint when nothing changed.
 func (m *Manager) periodicCheckpoint(ctx context.Context, s *store.Session, now time.Time) {
+	m.periodicCheckpointWith(ctx, s, now, false)
+}
+
+func (m *Manager) periodicCheckpointWith(ctx context.Context, s *store.Session, now time.Time, settled bool) {
 	cps, err := m.Checkpoints(ctx, s.Name)
 	if err != nil {
 		return
@@ -132,7 +156,11 @@ func (m *Manager) periodicCheckpoint(ctx context.Context, s *store.Session, now 
 	if len(cps) > 0 && now.Sub(cps[0].GetCreatedAt().AsTime()) < time.Duration(m.cfg.CheckpointMinutes)*time.Minute {
 		return
 	}
-	if _, err := m.checkpoint(ctx, s, 0, "periodic", 0); err != nil {
+	if _, err := m.checkpointWith(ctx, s, 0, "periodic", 0, settled); err != nil {
+		if settled && status.Code(err) == codes.Aborted {
+			m.log.InfoContext(ctx, "periodic checkpoint of a running turn dropped: the tree changed under it", "session", s.Name)
+			return
+		}
 		m.log.WarnContext(ctx, "periodic checkpoint failed", "session", s.Name, "error", err)
 	}
 }

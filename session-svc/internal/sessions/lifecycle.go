@@ -36,6 +36,12 @@ var checkpointReasons = map[string]checkpointv1.CheckpointReason{
 // previous checkpoint, the checkpoint service reuses it and that one is
 // returned.
 func (m *Manager) checkpoint(ctx context.Context, s *store.Session, turn int, reason string, token uint64) (*checkpointv1.Checkpoint, error) {
+	return m.checkpointWith(ctx, s, turn, reason, token, false)
+}
+
+// checkpointWith is checkpoint; settled asks the checkpoint service to
+// drop a capture during which the tree changed (the agent is working).
+func (m *Manager) checkpointWith(ctx context.Context, s *store.Session, turn int, reason string, token uint64, settled bool) (*checkpointv1.Checkpoint, error) {
 	sb, err := m.sandboxOf(ctx, s)
 	if err != nil {
 		return nil, err
@@ -58,7 +64,7 @@ func (m *Manager) checkpoint(ctx context.Context, s *store.Session, turn int, re
 		SandboxId: s.SandboxID, FencingToken: token, Session: s.Name,
 		Reason: checkpointReasons[reason], WorkDir: sb.GetWorkDir(), Branch: s.Branch,
 		BaseCommit: s.BaseCommit, Harness: s.Harness, ConversationId: s.ConversationID,
-		Turn: int32(turn), ConversationPaths: conversation,
+		Turn: int32(turn), ConversationPaths: conversation, VerifySettled: settled,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s (%s): %w", s.Name, reason, err)

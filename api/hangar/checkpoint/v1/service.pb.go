@@ -39,8 +39,14 @@ type CaptureCheckpointRequest struct {
 	// Conversation files or directories to keep, absolute in the sandbox
 	// (e.g. $CLAUDE_CONFIG_DIR/projects/..., $CODEX_HOME/sessions/...).
 	ConversationPaths []string `protobuf:"bytes,11,rep,name=conversation_paths,json=conversationPaths,proto3" json:"conversation_paths,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Something may be writing the tree while it is read (a checkpoint taken
+	// while the agent works): the tree is hashed again once the parts are
+	// taken, and a capture that saw it change is dropped (Aborted,
+	// TREE_CHANGED) rather than kept as a checkpoint whose parts disagree
+	// with its tree hash.
+	VerifySettled bool `protobuf:"varint,12,opt,name=verify_settled,json=verifySettled,proto3" json:"verify_settled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CaptureCheckpointRequest) Reset() {
@@ -148,6 +154,13 @@ func (x *CaptureCheckpointRequest) GetConversationPaths() []string {
 		return x.ConversationPaths
 	}
 	return nil
+}
+
+func (x *CaptureCheckpointRequest) GetVerifySettled() bool {
+	if x != nil {
+		return x.VerifySettled
+	}
+	return false
 }
 
 type CaptureCheckpointResponse struct {
@@ -1199,7 +1212,7 @@ var File_hangar_checkpoint_v1_service_proto protoreflect.FileDescriptor
 
 const file_hangar_checkpoint_v1_service_proto_rawDesc = "" +
 	"\n" +
-	"\"hangar/checkpoint/v1/service.proto\x12\x14hangar.checkpoint.v1\x1a\x1cgoogle/api/annotations.proto\x1a\"hangar/checkpoint/v1/message.proto\"\x92\x03\n" +
+	"\"hangar/checkpoint/v1/service.proto\x12\x14hangar.checkpoint.v1\x1a\x1cgoogle/api/annotations.proto\x1a\"hangar/checkpoint/v1/message.proto\"\xb9\x03\n" +
 	"\x18CaptureCheckpointRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
@@ -1214,7 +1227,8 @@ const file_hangar_checkpoint_v1_service_proto_rawDesc = "" +
 	"\x0fconversation_id\x18\t \x01(\tR\x0econversationId\x12\x12\n" +
 	"\x04turn\x18\n" +
 	" \x01(\x05R\x04turn\x12-\n" +
-	"\x12conversation_paths\x18\v \x03(\tR\x11conversationPaths\"\xb2\x01\n" +
+	"\x12conversation_paths\x18\v \x03(\tR\x11conversationPaths\x12%\n" +
+	"\x0everify_settled\x18\f \x01(\bR\rverifySettled\"\xb2\x01\n" +
 	"\x19CaptureCheckpointResponse\x12@\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2 .hangar.checkpoint.v1.CheckpointR\n" +
