@@ -72,6 +72,36 @@ func freeAddr(t *testing.T) string {
 	return lis.Addr().String()
 }
 
+// newHangarProcess prepares `hangar up` as a process on a fresh data
+// directory, with more HANGAR_* settings in vars; the test's cleanup stops
+// it (SIGTERM) and checks nothing its sandboxes ran outlives it.
+func newHangarProcess(t *testing.T, vars ...string) *hangarProcess {
+	t.Helper()
+	root := t.TempDir()
+	h := &hangarProcess{bin: buildHangar(t), home: filepath.Join(root, "hangar"), addr: freeAddr(t)}
+	var err error
+	h.log, err = os.Create(filepath.Join(root, "hangar.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.env = append(append(os.Environ(),
+		"HANGAR_HOME="+h.home, "HANGAR_ADDR="+h.addr,
+		"HANGAR_SESSION_ADDR=127.0.0.1:0", "HANGAR_SANDBOX_ADDR=127.0.0.1:0", "HANGAR_CHECKPOINT_ADDR=127.0.0.1:0",
+		"HANGAR_GATEWAY_ADDR=127.0.0.1:0", "HANGAR_REPLAY_ADDR=127.0.0.1:0",
+		"HANGAR_LOG_LEVEL=info",
+	), vars...)
+	t.Cleanup(func() {
+		h.stop(t, syscall.SIGTERM)
+		if left := processesUnder(h.home); len(left) > 0 {
+			t.Errorf("processes left running in hangar's sandboxes after it stopped (killed now): %v", left)
+		}
+		if t.Failed() {
+			t.Logf("hangar's log: %s", h.log.Name())
+		}
+	})
+	return h
+}
+
 // start runs hangar up and waits until its API answers.
 func (h *hangarProcess) start(t *testing.T) {
 	t.Helper()
@@ -186,29 +216,9 @@ func TestFaultKillPoints(t *testing.T) {
 	model := httptest.NewServer(upstream)
 	t.Cleanup(model.Close)
 
-	root := t.TempDir()
-	h := &hangarProcess{bin: buildHangar(t), home: filepath.Join(root, "hangar"), addr: freeAddr(t)}
-	h.log, err = os.Create(filepath.Join(root, "hangar.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.env = append(os.Environ(),
-		"HANGAR_HOME="+h.home, "HANGAR_ADDR="+h.addr,
-		"HANGAR_SESSION_ADDR=127.0.0.1:0", "HANGAR_SANDBOX_ADDR=127.0.0.1:0", "HANGAR_CHECKPOINT_ADDR=127.0.0.1:0",
-		"HANGAR_GATEWAY_ADDR=127.0.0.1:0", "HANGAR_REPLAY_ADDR=127.0.0.1:0",
+	h := newHangarProcess(t,
 		"HANGAR_ANTHROPIC_URL="+model.URL, "HANGAR_ANTHROPIC_API_KEY=upstream-key",
-		"HANGAR_CLAUDE_BIN="+filepath.Join(dir, harnessClaude),
-		"HANGAR_LOG_LEVEL=info",
-	)
-	t.Cleanup(func() {
-		h.stop(t, syscall.SIGTERM)
-		if left := processesUnder(h.home); len(left) > 0 {
-			t.Errorf("processes left running in hangar's sandboxes after it stopped (killed now): %v", left)
-		}
-		if t.Failed() {
-			t.Logf("hangar's log: %s", h.log.Name())
-		}
-	})
+		"HANGAR_CLAUDE_BIN="+filepath.Join(dir, harnessClaude))
 	h.start(t)
 	h.applyEnvironment(t, "e2e", gitRepo(t, map[string]string{"README.md": "base\n"}), 0, sandboxv1.Egress_EGRESS_FULL)
 
