@@ -23,6 +23,11 @@ const (
 	reasonLeftBehind   = "hangar stopped uncleanly: the work left in its sandbox was recovered into checkpoint %s and the session suspended"
 )
 
+// leftoverHolder holds a sandbox an earlier sandbox-svc process left
+// behind (api: Lease.holder); the session whose record names its id takes
+// a checkpoint of it.
+const leftoverHolder = "sandbox-svc/leftover"
+
 // transientGrace is how long a session may be resuming or suspending in
 // another replica before it counts as left behind: longer than the calls
 // those make may take (a cold boot, a checkpoint of a large tree, the wait
@@ -110,7 +115,8 @@ func (m *Manager) recoverSession(ctx context.Context, s *store.Session) (did boo
 			sb = resp.GetSandbox()
 		}
 	}
-	leftBehind := sb != nil && sb.GetLease().GetHolder() == holder(s.Name) && sb.GetLease().GetFencingToken() != s.FencingToken
+	leftBehind := sb != nil && (sb.GetLease().GetHolder() == leftoverHolder ||
+		sb.GetLease().GetHolder() == holder(s.Name) && sb.GetLease().GetFencingToken() != s.FencingToken)
 	if !transient && !leftBehind && (s.SandboxID == "" || sb != nil) {
 		// Idle on a live sandbox (another replica's, or a sandbox service
 		// that outlived us: its lease expiry checkpoints it), or suspended
@@ -137,7 +143,7 @@ func (m *Manager) recoverSession(ctx context.Context, s *store.Session) (did boo
 // checkpoint of the sandbox it left behind (then released), and forgets the
 // sandbox. It returns why the session is now suspended.
 func (m *Manager) settle(ctx context.Context, s *store.Session, sb *sandboxv1.Sandbox, leftBehind bool) (string, error) {
-	if sb != nil && sb.GetLease().GetHolder() == holder(s.Name) {
+	if sb != nil && (sb.GetLease().GetHolder() == holder(s.Name) || leftBehind) {
 		token := sb.GetLease().GetFencingToken()
 		m.mu.Lock()
 		m.sandboxes[sb.GetId()] = sb

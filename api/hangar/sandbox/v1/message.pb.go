@@ -583,7 +583,11 @@ func (x *Sandbox) GetDriver() string {
 type Lease struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Holder    string                 `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	// Who holds it. "sandbox-svc/leftover" is a sandbox an earlier process
+	// of the sandbox service left behind (a crash), kept leased for a while
+	// so that whoever recorded its id (a session) can take what is in it
+	// (a checkpoint) before it goes.
+	Holder string `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
 	// Monotonic; a call carrying an older token than the current lease's is
 	// refused.
 	FencingToken  uint64                 `protobuf:"varint,3,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
