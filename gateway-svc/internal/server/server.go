@@ -266,7 +266,7 @@ func (s *Server) ListRuns(ctx context.Context, req *gatewayv1.ListRunsRequest) (
 	}
 	list, next, err := s.runs.List(ctx, req.GetSession(), int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
-		if strings.Contains(err.Error(), "bad page token") {
+		if errors.Is(err, runs.ErrBadPageToken) {
 			return nil, fault.InvalidArgument("page_token", "page_token is not one this server gave")
 		}
 		return nil, s.internal(ctx, "run list failed", err)

@@ -6,6 +6,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
 	"strings"
@@ -113,8 +114,11 @@ func (s *Sessions) ListSessions(ctx context.Context, req *sessionv1.ListSessions
 		states = append(states, stateName(st))
 	}
 	list, next, err := s.store.ListSessions(ctx, store.ListOptions{States: states, ParentID: req.GetParentId(), Limit: int(req.GetPageSize()), PageToken: req.GetPageToken()})
-	if err != nil {
+	if errors.Is(err, store.ErrBadPageToken) {
 		return nil, fault.InvalidArgument("page_token", "page_token is not one this service gave out")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
 	}
 	resp := &sessionv1.ListSessionsResponse{NextPageToken: next}
 	for _, sess := range list {
@@ -226,8 +230,11 @@ func (s *Sessions) GetTurn(ctx context.Context, req *sessionv1.GetTurnRequest) (
 		return nil, err
 	}
 	t, err := s.store.GetTurn(ctx, req.GetName(), int(req.GetTurn()))
-	if err != nil {
+	if errors.Is(err, store.ErrNotFound) {
 		return nil, fault.NotFound("TURN_NOT_FOUND", "session %q has no turn %d", req.GetName(), req.GetTurn())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("turn %d of %s: %w", req.GetTurn(), req.GetName(), err)
 	}
 	return &sessionv1.GetTurnResponse{Turn: turnProto(t)}, nil
 }
@@ -400,8 +407,11 @@ func (s *Sessions) AcquireHold(ctx context.Context, req *sessionv1.AcquireHoldRe
 // RenewHold extends a hold.
 func (s *Sessions) RenewHold(ctx context.Context, req *sessionv1.RenewHoldRequest) (*sessionv1.RenewHoldResponse, error) {
 	h, err := s.holds.Renew(ctx, req.GetName(), req.GetHoldId(), holdTTL(req.GetTtlSeconds()))
-	if err != nil {
+	if errors.Is(err, holds.ErrNotFound) {
 		return nil, fault.NotFound("HOLD_NOT_FOUND", "session %q has no live hold %q (released or expired)", req.GetName(), req.GetHoldId())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("renew hold %s of %s: %w", req.GetHoldId(), req.GetName(), err)
 	}
 	return &sessionv1.RenewHoldResponse{Hold: holdProto(h)}, nil
 }

@@ -10,12 +10,11 @@ import (
 	"io"
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
@@ -204,7 +203,7 @@ func (m *Manager) readPart(ctx context.Context, req *checkpointv1.ReadPartReques
 		if errors.Is(err, io.EOF) {
 			return buf.Bytes(), nil
 		}
-		if status.Code(err) == codes.NotFound {
+		if fault.ReasonOf(err) == "PART_NOT_FOUND" {
 			return nil, nil
 		}
 		if err != nil {
