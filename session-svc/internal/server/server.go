@@ -178,7 +178,7 @@ func (s *Sessions) session(ctx context.Context, sess *store.Session, detail bool
 	for _, c := range cps {
 		sc := &sessionv1.SessionCheckpoint{
 			Id: c.GetId(), CreatedAt: c.GetCreatedAt(), Reason: checkpointReasonName(c.GetReason().String()),
-			Turn: c.GetTurn(), SizeBytes: c.GetSizeBytes(),
+			Turn: c.GetTurn(), SizeBytes: c.GetSizeBytes(), Damaged: c.GetDamaged(),
 		}
 		for _, w := range c.GetWarnings() {
 			sc.Warnings = append(sc.Warnings, w.GetMessage())
