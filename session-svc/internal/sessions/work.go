@@ -135,14 +135,13 @@ func (m *Manager) workFromSandbox(ctx context.Context, s *store.Session) (*Work,
 // the base instead: no commits, the whole work, commits included, as
 // uncommitted changes on the base.
 func (m *Manager) workFromCheckpoint(ctx context.Context, s *store.Session, acceptChain bool) (*Work, error) {
-	cps, err := m.Checkpoints(ctx, s.Name)
+	cp, err := m.restorePoint(ctx, s)
 	if err != nil {
 		return nil, err
 	}
-	if len(cps) == 0 {
+	if cp == nil {
 		return &Work{Branch: s.Branch, BaseCommit: s.BaseCommit, HeadCommit: s.BaseCommit}, nil
 	}
-	cp := cps[0]
 	w := &Work{Branch: cp.GetBranch(), BaseCommit: cp.GetBaseCommit(), HeadCommit: cp.GetHeadCommit(), CheckpointID: cp.GetId()}
 	if w.Branch == "" {
 		w.Branch = s.Branch
