@@ -171,7 +171,7 @@ func (s *Sessions) session(ctx context.Context, sess *store.Session, detail bool
 	if !detail {
 		return out, nil
 	}
-	cps, err := s.m.Checkpoints(ctx, sess.Name)
+	cps, err := s.m.SessionCheckpoints(ctx, sess)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
@@ -168,4 +170,46 @@ func notRestorable(s *store.Session, id, what string, listed []*checkpointv1.Che
 	}
 	return fault.NotFound(ReasonCheckpointMissing,
 		"session %q's newest checkpoint %s %s, so it was not booted (an older checkpoint would lose work); %s", s.Name, id, what, can)
+}
+
+// SessionCheckpoints lists s's checkpoints for `get`, newest first: the
+// checkpoint service's list (damaged ones flagged) and, when the checkpoint
+// s's record names is not in it, that one too, flagged as missing, so `get`
+// says why the session cannot be booted.
+func (m *Manager) SessionCheckpoints(ctx context.Context, s *store.Session) ([]*checkpointv1.Checkpoint, error) {
+	listed, err := m.Checkpoints(ctx, s.Name)
+	if err != nil {
+		return nil, err
+	}
+	named, err := m.namedCheckpoint(ctx, s)
+	if err != nil || named == "" {
+		return listed, err
+	}
+	for _, cp := range listed {
+		if cp.GetId() == named {
+			return listed, nil
+		}
+	}
+	missing := &checkpointv1.Checkpoint{Id: named, Session: s.Name,
+		Damaged: "missing: the session's record names it as its newest checkpoint, but the checkpoint service does not have it"}
+	if recs, err := m.d.Store.ListCheckpoints(ctx, s.Name); err == nil {
+		for _, r := range recs {
+			if r.ID == named {
+				missing.CreatedAt, missing.Turn = timestamppb.New(r.CreatedAt), int32(r.Turn)
+				missing.Reason = checkpointv1.CheckpointReason(checkpointv1.CheckpointReason_value["CHECKPOINT_REASON_"+strings.ToUpper(r.Reason)])
+			}
+		}
+	}
+	out := make([]*checkpointv1.Checkpoint, 0, len(listed)+1)
+	placed := false
+	for _, cp := range listed {
+		if !placed && checkpointStamp(s.Name, cp.GetId()) < checkpointStamp(s.Name, named) {
+			out, placed = append(out, missing), true
+		}
+		out = append(out, cp)
+	}
+	if !placed {
+		out = append(out, missing)
+	}
+	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
@@ -144,5 +145,50 @@ func TestNamedCheckpoint(t *testing.T) {
 	f1, _ := st.GetSession(ctx, "f1")
 	if got, _ := m.namedCheckpoint(ctx, f1); got != "" {
 		t.Fatalf("a fork names its parent's checkpoint %q", got)
+	}
+}
+
+// listingCheckpoints is a checkpoint service that lists fixed checkpoints.
+type listingCheckpoints struct {
+	checkpointv1.CheckpointServiceClient
+	list []*checkpointv1.Checkpoint
+}
+
+func (l *listingCheckpoints) ListCheckpoints(context.Context, *checkpointv1.ListCheckpointsRequest, ...grpc.CallOption) (*checkpointv1.ListCheckpointsResponse, error) {
+	return &checkpointv1.ListCheckpointsResponse{Checkpoints: l.list}, nil
+}
+
+// TestMissingNewestCheckpoint: the newest checkpoint noted on the record
+// is gone from the checkpoint service: a boot refuses to restore the older
+// one, and get lists the missing one as such.
+func TestMissingNewestCheckpoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, err := store.Open(ctx, store.Options{SQLitePath: filepath.Join(t.TempDir(), "sessions.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	older := &checkpointv1.Checkpoint{Id: cpID("s1", 2), Session: "s1", Turn: 1, CreatedAt: timestamppb.New(time.Date(2026, 12, 1, 0, 0, 2, 0, time.UTC))}
+	m := New(Deps{Store: st, Checkpoints: &listingCheckpoints{list: []*checkpointv1.Checkpoint{older}}})
+	t.Cleanup(func() { _ = m.Close(ctx) })
+	if err := st.CreateSession(ctx, &store.Session{Name: "s1", Environment: "local", Harness: "claude", Branch: "b", State: store.StateSuspended}); err != nil {
+		t.Fatal(err)
+	}
+	s1, _ := st.GetSession(ctx, "s1")
+	m.noteCheckpoint(ctx, "s1", older)
+	if cp, err := m.restorePoint(ctx, s1); err != nil || cp.GetId() != older.GetId() {
+		t.Fatalf("restore point with its newest there: %v %v", cp.GetId(), err)
+	}
+	m.noteCheckpoint(ctx, "s1", &checkpointv1.Checkpoint{Id: cpID("s1", 3), Turn: 2, CreatedAt: timestamppb.New(time.Date(2026, 12, 1, 0, 0, 3, 0, time.UTC)),
+		Reason: checkpointv1.CheckpointReason_CHECKPOINT_REASON_SUSPEND})
+	cp, err := m.restorePoint(ctx, s1)
+	if fault.ReasonOf(err) != ReasonCheckpointMissing || cp != nil || !strings.Contains(err.Error(), cpID("s1", 3)+" is missing") {
+		t.Fatalf("restore point with its newest gone: %v, %v", cp.GetId(), err)
+	}
+	list, err := m.SessionCheckpoints(ctx, s1)
+	if err != nil || len(list) != 2 || list[0].GetId() != cpID("s1", 3) || !strings.HasPrefix(list[0].GetDamaged(), "missing") ||
+		list[0].GetTurn() != 2 || list[0].GetReason() != checkpointv1.CheckpointReason_CHECKPOINT_REASON_SUSPEND || list[1].GetId() != older.GetId() {
+		t.Fatalf("get's checkpoints: %v, %v", list, err)
 	}
 }
