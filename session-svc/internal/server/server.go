@@ -16,6 +16,7 @@ import (
 
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
+	"github.com/hangar-dev/hangar/platform/redisconn"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
 	"github.com/hangar-dev/hangar/session-svc/internal/holds"
 	"github.com/hangar-dev/hangar/session-svc/internal/sessions"
@@ -187,7 +188,7 @@ func (s *Sessions) session(ctx context.Context, sess *store.Session, detail bool
 	}
 	live, err := s.holds.List(ctx, sess.Name)
 	if err != nil {
-		return nil, fmt.Errorf("holds of %s: %w", sess.Name, err)
+		return nil, holdStoreErr(fmt.Errorf("holds of %s: %w", sess.Name, err))
 	}
 	for _, h := range live {
 		out.Holds = append(out.Holds, holdProto(h))
@@ -399,7 +400,7 @@ func (s *Sessions) AcquireHold(ctx context.Context, req *sessionv1.AcquireHoldRe
 	}
 	h, err := s.holds.Acquire(ctx, req.GetName(), req.GetOwner(), kind, req.GetDescription(), holdTTL(req.GetTtlSeconds()))
 	if err != nil {
-		return nil, fmt.Errorf("hold on %s: %w", req.GetName(), err)
+		return nil, holdStoreErr(fmt.Errorf("hold on %s: %w", req.GetName(), err))
 	}
 	return &sessionv1.AcquireHoldResponse{Hold: holdProto(h)}, nil
 }
@@ -411,7 +412,7 @@ func (s *Sessions) RenewHold(ctx context.Context, req *sessionv1.RenewHoldReques
 		return nil, fault.NotFound("HOLD_NOT_FOUND", "session %q has no live hold %q (released or expired)", req.GetName(), req.GetHoldId())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("renew hold %s of %s: %w", req.GetHoldId(), req.GetName(), err)
+		return nil, holdStoreErr(fmt.Errorf("renew hold %s of %s: %w", req.GetHoldId(), req.GetName(), err))
 	}
 	return &sessionv1.RenewHoldResponse{Hold: holdProto(h)}, nil
 }
@@ -419,7 +420,7 @@ func (s *Sessions) RenewHold(ctx context.Context, req *sessionv1.RenewHoldReques
 // ReleaseHold ends a hold.
 func (s *Sessions) ReleaseHold(ctx context.Context, req *sessionv1.ReleaseHoldRequest) (*sessionv1.ReleaseHoldResponse, error) {
 	if err := s.holds.Release(ctx, req.GetName(), req.GetHoldId()); err != nil {
-		return nil, fmt.Errorf("release hold %s of %s: %w", req.GetHoldId(), req.GetName(), err)
+		return nil, holdStoreErr(fmt.Errorf("release hold %s of %s: %w", req.GetHoldId(), req.GetName(), err))
 	}
 	return &sessionv1.ReleaseHoldResponse{ReleasedAt: timestamppb.Now()}, nil
 }
@@ -450,4 +451,13 @@ func structFromJSON(s string) *structpb.Struct {
 		return nil
 	}
 	return st
+}
+
+// holdStoreErr says "unavailable, try again" when the hold store (Redis)
+// cannot be reached; any other failure stays an internal error.
+func holdStoreErr(err error) error {
+	if redisconn.Unreachable(err) {
+		return fault.Wrap(fault.KindUnavailable, "HOLD_STORE_UNAVAILABLE", "the hold store is unavailable; try again", err)
+	}
+	return err
 }

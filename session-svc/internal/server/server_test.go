@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
+	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/holds"
@@ -49,9 +51,18 @@ func newErrorWorld(t *testing.T, redisAddr string) *errorWorld {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { _ = client.Close() })
 	h := holds.New(client, fmt.Sprintf("test:server-errors:%d:", time.Now().UnixNano()), nil)
-	m := sessions.New(sessions.Deps{Store: st, Holds: h})
+	m := sessions.New(sessions.Deps{Store: st, Holds: h, Checkpoints: noCheckpoints{}})
 	t.Cleanup(func() { _ = m.Close(context.Background()) })
 	return &errorWorld{srv: server.New(m, st, h), dbPath: dbPath, st: st}
+}
+
+// noCheckpoints is a checkpoint service that holds none.
+type noCheckpoints struct {
+	checkpointv1.CheckpointServiceClient
+}
+
+func (noCheckpoints) ListCheckpoints(context.Context, *checkpointv1.ListCheckpointsRequest, ...grpc.CallOption) (*checkpointv1.ListCheckpointsResponse, error) {
+	return &checkpointv1.ListCheckpointsResponse{}, nil
 }
 
 // breakTable drops a table behind the store's back: its queries then fail
@@ -132,7 +143,16 @@ func TestErrorsMeanWhatTheySay(t *testing.T) {
 				_, err := s.RenewHold(ctx, &sessionv1.RenewHoldRequest{Name: "s1", HoldId: "h-1", TtlSeconds: 30})
 				return err
 			},
-			wantCode: codes.Internal,
+			wantCode: codes.Unavailable, wantReason: "HOLD_STORE_UNAVAILABLE",
+		},
+		{
+			name:  "get with the hold store down says so",
+			redis: closedAddr,
+			call: func(ctx context.Context, s *server.Sessions) error {
+				_, err := s.GetSession(ctx, &sessionv1.GetSessionRequest{Name: "s1"})
+				return err
+			},
+			wantCode: codes.Unavailable, wantReason: "HOLD_STORE_UNAVAILABLE",
 		},
 		{
 			name: "bad page token",
