@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"syscall"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -365,7 +366,9 @@ func Reason(st *status.Status) string {
 	return ""
 }
 
-// UnaryServerInterceptor maps the error a handler returns with Status. A
+// UnaryServerInterceptor maps the error a handler returns with Status
+// (for hangar's own services, "/hangar.*"; a library's service such as
+// grpc.health.v1 keeps the statuses it returns). A
 // masked answer gets an id, and the error is logged with it (the only place
 // its text is kept): "internal error (id 3f2a9c01d4e5)" on the client is
 // `"msg":"rpc internal error","id":"3f2a9c01d4e5"` in the log.
@@ -392,6 +395,15 @@ func StreamServerInterceptor(logger *slog.Logger) grpc.StreamServerInterceptor {
 }
 
 func toStatusError(ctx context.Context, logger *slog.Logger, method string, err error) error {
+	if !strings.HasPrefix(method, "/hangar.") {
+		// A library's service (health, reflection) answers with statuses
+		// of its own contract ("unknown service"); they are not a call to
+		// another service passing through.
+		var se interface{ GRPCStatus() *status.Status }
+		if errors.As(err, &se) && se.GRPCStatus() != nil {
+			return se.GRPCStatus().Err()
+		}
+	}
 	st, masked := convert(err)
 	switch {
 	case masked:

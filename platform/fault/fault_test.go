@@ -176,6 +176,7 @@ func TestUnaryServerInterceptor(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name     string
+		method   string
 		err      error
 		wantCode codes.Code
 		// wantID: the message carries an id, which the log line has too.
@@ -188,6 +189,7 @@ func TestUnaryServerInterceptor(t *testing.T) {
 		{name: "foreign status is logged with an id", err: status.Error(codes.NotFound, "hunter2 not found"), wantCode: codes.Internal, wantID: true, wantLog: "rpc internal error"},
 		{name: "unavailable downstream is logged with an id", err: status.Error(codes.Unavailable, "dial hunter2"), wantCode: codes.Unavailable, wantID: true, wantLog: "rpc internal error"},
 		{name: "no space is logged", err: fmt.Errorf("put hunter2: %w", syscall.ENOSPC), wantCode: codes.ResourceExhausted, wantLog: "rpc failed: no space left"},
+		{name: "a library's service keeps its statuses", method: "/grpc.health.v1.Health/Check", err: status.Error(codes.NotFound, "unknown service"), wantCode: codes.NotFound},
 	}
 	idRE := regexp.MustCompile(`^(internal error|` + regexp.QuoteMeta(fault.UnavailableMessage) + `) \(id ([0-9a-f]{12})\)$`)
 	for _, tt := range tests {
@@ -197,6 +199,9 @@ func TestUnaryServerInterceptor(t *testing.T) {
 			logger := slog.New(slog.NewJSONHandler(&logs, nil))
 			icpt := fault.UnaryServerInterceptor(logger)
 			info := &grpc.UnaryServerInfo{FullMethod: "/hangar.test.v1.Test/Do"}
+			if tt.method != "" {
+				info.FullMethod = tt.method
+			}
 			_, err := icpt(context.Background(), nil, info, func(context.Context, any) (any, error) { return nil, tt.err })
 			st := status.Convert(err)
 			if st.Code() != tt.wantCode {
