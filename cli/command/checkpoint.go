@@ -165,6 +165,11 @@ func checkpointPrintTable(w io.Writer, cps []*checkpointv1.Checkpoint) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tCREATED\tREASON\tTURN\tHEAD\tSIZE\tSTORED\tWARNINGS")
 	for _, cp := range cps {
+		if cp.GetDamaged() != "" {
+			fmt.Fprintf(tw, "%s\t%s\tDAMAGED\t-\t-\t-\t-\t%s\n", cp.GetId(),
+				cp.GetCreatedAt().AsTime().UTC().Format(time.DateTime), cp.GetDamaged())
+			continue
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\n", cp.GetId(),
 			cp.GetCreatedAt().AsTime().UTC().Format(time.DateTime), checkpointEnumName(cp.GetReason().String(), "CHECKPOINT_REASON_"),
 			cp.GetTurn(), checkpointShortHash(cp.GetHeadCommit()), checkpointBytes(cp.GetSizeBytes()), checkpointBytes(cp.GetStoredBytes()), len(cp.GetWarnings()))
@@ -177,6 +182,11 @@ func checkpointPrint(w io.Writer, cp *checkpointv1.Checkpoint) {
 	branch := cp.GetBranch()
 	if branch == "" {
 		branch = "(detached HEAD)"
+	}
+	if cp.GetDamaged() != "" {
+		fmt.Fprintf(tw, "id\t%s\ndamaged\t%s\n", cp.GetId(), cp.GetDamaged())
+		tw.Flush()
+		return
 	}
 	for _, kv := range [][2]string{
 		{"id", cp.GetId()},

@@ -457,12 +457,19 @@ func sessionFormatSession(w io.Writer, s *sessionv1.Session, now time.Time) erro
 			if c.GetTurn() > 0 {
 				turn = fmt.Sprint(c.GetTurn())
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", c.GetId(), c.GetReason(), turn, sessionSizeLabel(c.GetSizeBytes()), sessionAgo(c.GetCreatedAt(), now))
+			reason, size := c.GetReason(), sessionSizeLabel(c.GetSizeBytes())
+			if c.GetDamaged() != "" {
+				reason, size = "DAMAGED", "-"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", c.GetId(), reason, turn, size, sessionAgo(c.GetCreatedAt(), now))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 		for _, c := range cps {
+			if c.GetDamaged() != "" {
+				fmt.Fprintf(w, "  damaged (%s): %s\n", c.GetId(), sessionOneLine(c.GetDamaged()))
+			}
 			for _, warn := range c.GetWarnings() {
 				fmt.Fprintf(w, "  warning (%s): %s\n", c.GetId(), sessionOneLine(warn))
 			}

@@ -95,6 +95,7 @@ func sessionFull() *sessionv1.Session {
 		Turns: sessionTurns(),
 		Checkpoints: []*sessionv1.SessionCheckpoint{
 			{Id: "cp-9f8e7d6c", CreatedAt: sessionAt(-5 * time.Minute), Reason: "after_turn", Turn: 3, SizeBytes: 3 << 20},
+			{Id: "cp-5e6f7a8b", CreatedAt: sessionAt(-30 * time.Hour), Damaged: "checkpoint cp-5e6f7a8b is damaged: its data was modified, truncated or lost"},
 			{Id: "cp-0a1b2c3d", CreatedAt: sessionAt(-50*time.Hour + 3*time.Minute), Reason: "after_turn", Turn: 1, SizeBytes: 812, Warnings: []string{"node_modules skipped (ignored)"}},
 		},
 		ResumeCommand: "codex exec resume 3f2a9c",

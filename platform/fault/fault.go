@@ -9,9 +9,13 @@ package fault
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"syscall"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -203,42 +207,133 @@ func Is(err error, kind Kind) bool {
 	return errors.As(err, &e) && e.Kind == kind
 }
 
+// ReasonNoSpace is the reason of every error caused by a full disk
+// (ENOSPC anywhere in the chain), whatever else wrapped it.
+const ReasonNoSpace = "NO_SPACE"
+
+// NoSpaceMessage is what a client sees for a full disk.
+const NoSpaceMessage = "no space left on the data volume (HANGAR_HOME)"
+
+// NoSpace returns the ResourceExhausted error of a full disk with cause err.
+// Status gives the same answer for any error whose chain holds
+// syscall.ENOSPC; NoSpace is for causes that carry no errno (a command's
+// "No space left on device" on stderr).
+func NoSpace(err error) *Error {
+	return &Error{Kind: KindResourceExhausted, Reason: ReasonNoSpace, Message: NoSpaceMessage, Err: err}
+}
+
 // Status converts err into the gRPC status sent to a client:
 //
+//   - syscall.ENOSPC anywhere in the chain: ResourceExhausted, reason
+//     NO_SPACE, "no space left on the data volume (HANGAR_HOME)";
 //   - an *Error anywhere in the chain: its kind's code, its Message, an
 //     errdetails.ErrorInfo{Reason, Domain: "hangar.dev"} detail and, when
 //     Field is set, an errdetails.BadRequest field violation;
 //   - context.Canceled and context.DeadlineExceeded: codes.Canceled and
 //     codes.DeadlineExceeded;
 //   - an error that carries a gRPC status (for example one returned by a
-//     downstream call): that status unchanged;
+//     call to another service): that status unchanged when it carries
+//     hangar's own reason (ErrorInfo domain hangar.dev) or is Unimplemented;
+//     a Canceled or DeadlineExceeded one with the standard text; an
+//     Unavailable one as Unavailable "a service hangar depends on is
+//     unavailable"; any other as "internal error" (its text, which may be a
+//     transport's or a library's, is not sent);
 //   - anything else: codes.Internal with the message "internal error" (the
 //     error's text is not sent).
 //
+// The interceptors add an id to a masked answer ("internal error (id
+// 3f2a...)") that is also in the log line of the call.
+//
 // A nil err gives an OK status.
 func Status(err error) *status.Status {
+	st, _ := convert(err)
+	return st
+}
+
+// UnavailableMessage is what a client sees when a service hangar calls
+// could not be reached and said nothing of its own.
+const UnavailableMessage = "a service hangar depends on is unavailable; try again"
+
+// convert is Status, and reports whether the answer is masked (the error's
+// own text is not in it: the interceptors log it under an id).
+func convert(err error) (*status.Status, bool) {
 	if err == nil {
-		return status.New(codes.OK, "")
+		return status.New(codes.OK, ""), false
+	}
+	if errors.Is(err, syscall.ENOSPC) {
+		return NoSpace(err).status(), false
 	}
 	var fe *Error
 	if errors.As(err, &fe) {
-		return fe.status()
+		return fe.status(), false
 	}
 	switch {
 	case errors.Is(err, context.Canceled):
-		return status.New(codes.Canceled, context.Canceled.Error())
+		return status.New(codes.Canceled, context.Canceled.Error()), false
 	case errors.Is(err, context.DeadlineExceeded):
-		return status.New(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
+		return status.New(codes.DeadlineExceeded, context.DeadlineExceeded.Error()), false
 	}
 	// Use the carried status itself rather than status.FromError, which
 	// would replace its message with the full text of any wrapping errors.
 	var se interface{ GRPCStatus() *status.Status }
 	if errors.As(err, &se) {
 		if st := se.GRPCStatus(); st != nil && st.Code() != codes.OK {
-			return st
+			switch {
+			case Reason(st) != "", st.Code() == codes.Unimplemented:
+				return st, false
+			case st.Code() == codes.Canceled:
+				return status.New(codes.Canceled, context.Canceled.Error()), false
+			case st.Code() == codes.DeadlineExceeded:
+				return status.New(codes.DeadlineExceeded, context.DeadlineExceeded.Error()), false
+			case st.Code() == codes.Unavailable:
+				return status.New(codes.Unavailable, UnavailableMessage), true
+			}
 		}
 	}
-	return status.New(codes.Internal, InternalMessage)
+	return status.New(codes.Internal, InternalMessage), true
+}
+
+// PublicMessage is what a client may see of err: the message Status gives
+// it ("internal error" when masked). For texts kept on records (a turn's
+// failure reason) where no call's log line can carry an id.
+func PublicMessage(err error) string {
+	return Status(err).Message()
+}
+
+// ReasonOf returns the hangar reason err carries: an *Error's, or that of
+// a status from another hangar service ("" if none). Check a call's
+// result with it, not with its code alone: NotFound from sandbox-svc may be
+// FILE_NOT_FOUND or SANDBOX_NOT_FOUND.
+func ReasonOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	var fe *Error
+	if errors.As(err, &fe) {
+		return fe.reason()
+	}
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		if st := se.GRPCStatus(); st != nil {
+			return Reason(st)
+		}
+	}
+	return ""
+}
+
+// NewIncidentID returns a short random id that ties a masked answer to the
+// log line holding its cause.
+func NewIncidentID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// WithIncidentID returns st with " (id ID)" added to its message.
+func WithIncidentID(st *status.Status, id string) *status.Status {
+	p := st.Proto()
+	p.Message = fmt.Sprintf("%s (id %s)", p.GetMessage(), id)
+	return status.FromProto(p)
 }
 
 func (e *Error) status() *status.Status {
@@ -271,8 +366,12 @@ func Reason(st *status.Status) string {
 	return ""
 }
 
-// UnaryServerInterceptor maps the error a handler returns with Status, and
-// logs it when the result is codes.Internal (the only place its text is kept).
+// UnaryServerInterceptor maps the error a handler returns with Status
+// (for hangar's own services, "/hangar.*"; a library's service such as
+// grpc.health.v1 keeps the statuses it returns). A
+// masked answer gets an id, and the error is logged with it (the only place
+// its text is kept): "internal error (id 3f2a9c01d4e5)" on the client is
+// `"msg":"rpc internal error","id":"3f2a9c01d4e5"` in the log.
 func UnaryServerInterceptor(logger *slog.Logger) grpc.UnaryServerInterceptor {
 	logger = orDiscard(logger)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -296,9 +395,24 @@ func StreamServerInterceptor(logger *slog.Logger) grpc.StreamServerInterceptor {
 }
 
 func toStatusError(ctx context.Context, logger *slog.Logger, method string, err error) error {
-	st := Status(err)
-	if st.Code() == codes.Internal {
+	if !strings.HasPrefix(method, "/hangar.") {
+		// A library's service (health, reflection) answers with statuses
+		// of its own contract ("unknown service"); they are not a call to
+		// another service passing through.
+		var se interface{ GRPCStatus() *status.Status }
+		if errors.As(err, &se) && se.GRPCStatus() != nil {
+			return se.GRPCStatus().Err()
+		}
+	}
+	st, masked := convert(err)
+	switch {
+	case masked:
+		id := NewIncidentID()
+		st = WithIncidentID(st, id)
 		logger.LogAttrs(ctx, slog.LevelError, "rpc internal error",
+			slog.String("method", method), slog.String("id", id), slog.String("code", st.Code().String()), slog.Any("error", err))
+	case Reason(st) == ReasonNoSpace:
+		logger.LogAttrs(ctx, slog.LevelError, "rpc failed: no space left",
 			slog.String("method", method), slog.Any("error", err))
 	}
 	return st.Err()

@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -21,6 +24,14 @@ func TestStatus(t *testing.T) {
 	t.Parallel()
 	secret := errors.New("open /var/lib/hangar/db: permission denied")
 	downstream := status.New(codes.NotFound, "sandbox not found")
+	hangarDownstream := status.Convert(fault.Status(fault.NotFound("SANDBOX_NOT_FOUND", "sandbox not found")).Err()).Err()
+	otherDomain := func() error {
+		st, err := status.New(codes.NotFound, "bucket 10.0.0.7 not found").WithDetails(&errdetails.ErrorInfo{Reason: "NOT_FOUND", Domain: "googleapis.com"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Err()
+	}()
 
 	tests := []struct {
 		name       string
@@ -82,8 +93,19 @@ func TestStatus(t *testing.T) {
 		{name: "wrapped plain error does not leak", err: fmt.Errorf("load: %w", secret), wantCode: codes.Internal, wantMsg: "internal error"},
 		{name: "canceled", err: fmt.Errorf("waiting: %w", context.Canceled), wantCode: codes.Canceled, wantMsg: "context canceled"},
 		{name: "deadline", err: context.DeadlineExceeded, wantCode: codes.DeadlineExceeded, wantMsg: "context deadline exceeded"},
-		{name: "status passes through", err: downstream.Err(), wantCode: codes.NotFound, wantMsg: "sandbox not found"},
-		{name: "wrapped status keeps its own message", err: fmt.Errorf("calling sandbox-svc at 10.0.0.7: %w", downstream.Err()), wantCode: codes.NotFound, wantMsg: "sandbox not found"},
+		{name: "hangar status passes through", err: hangarDownstream, wantCode: codes.NotFound, wantMsg: "sandbox not found", wantReason: "SANDBOX_NOT_FOUND"},
+		{name: "wrapped hangar status keeps its own message", err: fmt.Errorf("calling sandbox-svc at 10.0.0.7: %w", hangarDownstream), wantCode: codes.NotFound, wantMsg: "sandbox not found", wantReason: "SANDBOX_NOT_FOUND"},
+		{name: "foreign status is masked", err: downstream.Err(), wantCode: codes.Internal, wantMsg: "internal error"},
+		{name: "wrapped foreign status is masked", err: fmt.Errorf("calling sandbox-svc at 10.0.0.7: %w", downstream.Err()), wantCode: codes.Internal, wantMsg: "internal error"},
+		{name: "foreign unavailable stays unavailable", err: status.Error(codes.Unavailable, "connection error: dial tcp 10.0.0.7:7001: connect: connection refused"), wantCode: codes.Unavailable, wantMsg: fault.UnavailableMessage},
+		{name: "foreign deadline", err: status.Error(codes.DeadlineExceeded, "deadline at 10.0.0.7"), wantCode: codes.DeadlineExceeded, wantMsg: "context deadline exceeded"},
+		{name: "foreign canceled", err: status.Error(codes.Canceled, "grpc: the client connection is closing at 10.0.0.7"), wantCode: codes.Canceled, wantMsg: "context canceled"},
+		{name: "foreign unimplemented passes", err: status.Error(codes.Unimplemented, "method Fork not implemented"), wantCode: codes.Unimplemented, wantMsg: "method Fork not implemented"},
+		{name: "foreign permission denied is masked", err: status.Error(codes.PermissionDenied, "token for 10.0.0.7 rejected"), wantCode: codes.Internal, wantMsg: "internal error"},
+		{name: "foreign reason of another domain is masked", err: otherDomain, wantCode: codes.Internal, wantMsg: "internal error"},
+		{name: "ENOSPC says so", err: fmt.Errorf("put objects/ab: %w", &fs.PathError{Op: "write", Path: "/var/lib/hangar/x", Err: syscall.ENOSPC}), wantCode: codes.ResourceExhausted, wantMsg: fault.NoSpaceMessage, wantReason: fault.ReasonNoSpace},
+		{name: "ENOSPC under a domain error says so", err: fault.Wrap(fault.KindFailedPrecondition, "SANDBOX_CREATE_FAILED", "create failed", syscall.ENOSPC), wantCode: codes.ResourceExhausted, wantMsg: fault.NoSpaceMessage, wantReason: fault.ReasonNoSpace},
+		{name: "no space without errno", err: fault.NoSpace(errors.New("tar: No space left on device")), wantCode: codes.ResourceExhausted, wantMsg: fault.NoSpaceMessage, wantReason: fault.ReasonNoSpace},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -154,14 +176,22 @@ func TestUnaryServerInterceptor(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name     string
+		method   string
 		err      error
 		wantCode codes.Code
-		wantLog  bool
+		// wantID: the message carries an id, which the log line has too.
+		wantID  bool
+		wantLog string
 	}{
 		{name: "ok", err: nil, wantCode: codes.OK},
 		{name: "domain", err: fault.NotFound("X_NOT_FOUND", "x not found"), wantCode: codes.NotFound},
-		{name: "internal is logged", err: errors.New("db password=hunter2 rejected"), wantCode: codes.Internal, wantLog: true},
+		{name: "internal is logged with an id", err: errors.New("db password=hunter2 rejected"), wantCode: codes.Internal, wantID: true, wantLog: "rpc internal error"},
+		{name: "foreign status is logged with an id", err: status.Error(codes.NotFound, "hunter2 not found"), wantCode: codes.Internal, wantID: true, wantLog: "rpc internal error"},
+		{name: "unavailable downstream is logged with an id", err: status.Error(codes.Unavailable, "dial hunter2"), wantCode: codes.Unavailable, wantID: true, wantLog: "rpc internal error"},
+		{name: "no space is logged", err: fmt.Errorf("put hunter2: %w", syscall.ENOSPC), wantCode: codes.ResourceExhausted, wantLog: "rpc failed: no space left"},
+		{name: "a library's service keeps its statuses", method: "/grpc.health.v1.Health/Check", err: status.Error(codes.NotFound, "unknown service"), wantCode: codes.NotFound},
 	}
+	idRE := regexp.MustCompile(`^(internal error|` + regexp.QuoteMeta(fault.UnavailableMessage) + `) \(id ([0-9a-f]{12})\)$`)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -169,6 +199,9 @@ func TestUnaryServerInterceptor(t *testing.T) {
 			logger := slog.New(slog.NewJSONHandler(&logs, nil))
 			icpt := fault.UnaryServerInterceptor(logger)
 			info := &grpc.UnaryServerInfo{FullMethod: "/hangar.test.v1.Test/Do"}
+			if tt.method != "" {
+				info.FullMethod = tt.method
+			}
 			_, err := icpt(context.Background(), nil, info, func(context.Context, any) (any, error) { return nil, tt.err })
 			st := status.Convert(err)
 			if st.Code() != tt.wantCode {
@@ -178,17 +211,49 @@ func TestUnaryServerInterceptor(t *testing.T) {
 				t.Errorf("message leaks: %q", st.Message())
 			}
 			logged := logs.String()
-			if tt.wantLog != (logged != "") {
-				t.Fatalf("log = %q, want logged=%v", logged, tt.wantLog)
+			if (tt.wantLog != "") != (logged != "") {
+				t.Fatalf("log = %q, want %q", logged, tt.wantLog)
 			}
-			if tt.wantLog {
-				for _, want := range []string{`"msg":"rpc internal error"`, `"method":"/hangar.test.v1.Test/Do"`, `"error":"db password=hunter2 rejected"`} {
+			if tt.wantLog != "" {
+				for _, want := range []string{`"msg":"` + tt.wantLog + `"`, `"method":"/hangar.test.v1.Test/Do"`, `hunter2`} {
 					if !strings.Contains(logged, want) {
 						t.Errorf("log %q lacks %s", logged, want)
 					}
 				}
 			}
+			m := idRE.FindStringSubmatch(st.Message())
+			if tt.wantID != (m != nil) {
+				t.Fatalf("message %q: want an id %v", st.Message(), tt.wantID)
+			}
+			if m != nil && !strings.Contains(logged, `"id":"`+m[2]+`"`) {
+				t.Errorf("log %q lacks the id %s of the answer", logged, m[2])
+			}
 		})
+	}
+}
+
+func TestReasonOf(t *testing.T) {
+	t.Parallel()
+	remote := fault.Status(fault.NotFound("FILE_NOT_FOUND", "no file")).Err()
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"nil", nil, ""},
+		{"domain", fmt.Errorf("x: %w", fault.NotFound("SANDBOX_NOT_FOUND", "gone")), "SANDBOX_NOT_FOUND"},
+		{"domain default", &fault.Error{Kind: fault.KindAborted}, "ABORTED"},
+		{"remote", fmt.Errorf("read: %w", remote), "FILE_NOT_FOUND"},
+		{"foreign status", status.Error(codes.NotFound, "x"), ""},
+		{"plain", errors.New("x"), ""},
+	}
+	for _, tt := range tests {
+		if got := fault.ReasonOf(tt.err); got != tt.want {
+			t.Errorf("%s: ReasonOf = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+	if got := fault.PublicMessage(status.Error(codes.Unavailable, "dial 10.0.0.7")); got != fault.UnavailableMessage {
+		t.Errorf("PublicMessage = %q", got)
 	}
 }
 

@@ -58,7 +58,7 @@ const DefaultMaxMessageBytes = 64 << 20
 
 // NewServer returns a gRPC server whose calls go, in order, through: the
 // otelgrpc stats handler, panic recovery (a panic becomes codes.Internal
-// "internal error" and is logged with its stack), logging ("rpc finished"
+// "internal error (id ...)" and is logged with its stack under that id), logging ("rpc finished"
 // with method, code and duration), bearer-token auth, a default deadline
 // (unary only), fault mapping (fault.Status) and the enum check
 // (CheckEnums: an undefined enum number is InvalidArgument). A call to a
@@ -118,19 +118,22 @@ func unknownService(_ any, ss grpc.ServerStream) error {
 
 func errPanic() error { return status.Error(codes.Internal, fault.InternalMessage) }
 
-func logPanic(ctx context.Context, logger *slog.Logger, method string, p any) {
+// recovered logs a panic under a new id and returns the answer naming it.
+func recovered(ctx context.Context, logger *slog.Logger, method string, p any) error {
+	id := fault.NewIncidentID()
 	logger.LogAttrs(ctx, slog.LevelError, "rpc panicked",
 		slog.String("method", method),
+		slog.String("id", id),
 		slog.Any("panic", p),
 		slog.String("stack", string(debug.Stack())))
+	return fault.WithIncidentID(status.New(codes.Internal, fault.InternalMessage), id).Err()
 }
 
 func recoverUnary(logger *slog.Logger) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		defer func() {
 			if p := recover(); p != nil {
-				logPanic(ctx, logger, info.FullMethod, p)
-				resp, err = nil, errPanic()
+				resp, err = nil, recovered(ctx, logger, info.FullMethod, p)
 			}
 		}()
 		return handler(ctx, req)
@@ -141,8 +144,7 @@ func recoverStream(logger *slog.Logger) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 		defer func() {
 			if p := recover(); p != nil {
-				logPanic(ss.Context(), logger, info.FullMethod, p)
-				err = errPanic()
+				err = recovered(ss.Context(), logger, info.FullMethod, p)
 			}
 		}()
 		return handler(srv, ss)

@@ -191,7 +191,7 @@ func (e *Engine) Capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	defer e.lockSession(session)()
 	res, err := e.capture(ctx, req)
 	if err != nil {
-		return nil, err
+		return nil, e.captureFailed(ctx, session, err)
 	}
 	if res.Created {
 		if err := e.prune(ctx, session); err != nil {

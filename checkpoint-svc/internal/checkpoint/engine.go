@@ -337,13 +337,52 @@ func (e *Engine) List(ctx context.Context, session string, offset, limit int) ([
 	}
 	out := make([]*checkpointv1.Checkpoint, 0, len(keys))
 	for _, k := range keys {
-		m, err := e.readManifestKey(ctx, k)
+		cp, err := e.listEntry(ctx, k)
 		if err != nil {
 			return nil, 0, err
 		}
-		out = append(out, m.cp)
+		if cp != nil {
+			out = append(out, cp)
+		}
 	}
 	return out, next, nil
+}
+
+// listEntry reads one manifest for a list: a damaged one is listed as such
+// (its damage stays with it, the session's other checkpoints are listed
+// as usual), one deleted since the listing is left out (nil), and only a
+// failure to reach the store is an error.
+func (e *Engine) listEntry(ctx context.Context, key string) (*checkpointv1.Checkpoint, error) {
+	m, err := e.readManifestKey(ctx, key)
+	switch {
+	case err == nil:
+		return m.cp, nil
+	case fault.Is(err, fault.KindNotFound):
+		return nil, nil
+	case fault.Is(err, fault.KindFailedPrecondition):
+		id := idFromKey(key)
+		e.opt.Logger.LogAttrs(ctx, slog.LevelWarn, "checkpoint manifest damaged",
+			slog.String("checkpoint", id), slog.Any("error", err))
+		var fe *fault.Error
+		errors.As(err, &fe)
+		return damagedEntry(id, fe.Message), nil
+	}
+	return nil, err
+}
+
+// damagedEntry is the list entry of a checkpoint whose manifest cannot be
+// read: its id, session and the time in its id.
+func damagedEntry(id, problem string) *checkpointv1.Checkpoint {
+	cp := &checkpointv1.Checkpoint{Id: id, Damaged: problem}
+	if i := strings.LastIndexByte(id, '~'); i >= 0 {
+		cp.Session = id[:i]
+		if len(id) >= i+27 {
+			if t, err := time.Parse(stampLayout, id[i+1:i+27]); err == nil {
+				cp.CreatedAt = timestamppb.New(t)
+			}
+		}
+	}
+	return cp
 }
 
 // Delete removes a checkpoint; objects no other checkpoint holds go too.
@@ -358,10 +397,18 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 	} else if err != nil {
 		return fmt.Errorf("delete manifest: %w", err)
 	}
-	return e.collect(ctx)
+	e.collectLater(ctx)
+	return nil
 }
 
 // Archive removes every checkpoint of a session and returns how many.
+//
+// It is all or nothing for the session: manifests are deleted oldest first,
+// so a failure part way leaves the newest ones (the one a resume restores
+// among them) whole, and the error says to try again; a retry deletes the
+// rest (deleting is idempotent). Unused data is collected afterwards, and
+// a collection that fails (another session's damaged manifest, the store)
+// is logged and retried by the next one, never the archive's failure.
 func (e *Engine) Archive(ctx context.Context, session string) (int, error) {
 	if err := checkSession("session", session); err != nil {
 		return 0, err
@@ -371,12 +418,23 @@ func (e *Engine) Archive(ctx context.Context, session string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	slices.Reverse(keys) // oldest first
 	for i, k := range keys {
 		if err := deleteKey(ctx, e.opt.Store, k); err != nil {
-			return i, err
+			return i, fmt.Errorf("archive %s: %d of %d checkpoints deleted, the newest %d kept: %w", session, i, len(keys), len(keys)-i, err)
 		}
 	}
-	return len(keys), e.collect(ctx)
+	e.collectLater(ctx)
+	return len(keys), nil
+}
+
+// collectLater collects unused objects now; a failure is logged and left
+// to the next collection (objects nobody uses cost space, not correctness).
+func (e *Engine) collectLater(ctx context.Context) {
+	if err := e.collect(ctx); err != nil {
+		e.opt.Logger.LogAttrs(ctx, slog.LevelWarn, "checkpoint collection failed; the next one retries",
+			slog.Any("error", err))
+	}
 }
 
 func deleteKey(ctx context.Context, s blob.Store, key string) error {
@@ -403,8 +461,11 @@ func (e *Engine) prune(ctx context.Context, session string) error {
 
 // collect deletes every object no manifest references (mark and sweep).
 // It waits for captures in flight, so none can be relying on an object it
-// found but has not referenced yet. If any manifest cannot be read it
-// deletes nothing.
+// found but has not referenced yet. A damaged manifest (it does not
+// authenticate or parse) references nothing anyone can restore, so it is
+// passed over; if any other manifest cannot be read (the store failed, or
+// it is sealed with a key this service lacks: a misconfigured key must not
+// cost the data) it deletes nothing.
 func (e *Engine) collect(ctx context.Context) error {
 	e.gc.Lock()
 	defer e.gc.Unlock()
@@ -421,10 +482,17 @@ func (e *Engine) collect(ctx context.Context) error {
 		e.mu.Unlock()
 		if !ok {
 			m, err := e.readManifestKey(ctx, in.Key)
-			if err != nil {
+			switch {
+			case err == nil:
+				objs = m.objects()
+			case fault.ReasonOf(err) == ReasonTampered:
+				e.opt.Logger.LogAttrs(ctx, slog.LevelWarn, "collect: damaged manifest passed over",
+					slog.String("checkpoint", idFromKey(in.Key)), slog.Any("error", err))
+			case fault.Is(err, fault.KindNotFound):
+				// Deleted since the listing.
+			default:
 				return fmt.Errorf("collect: manifest %s unreadable, nothing deleted: %w", in.Key, err)
 			}
-			objs = m.objects()
 		}
 		for _, o := range objs {
 			live[o] = true

@@ -57,7 +57,7 @@ func (e *Engine) Restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 	id := req.GetCheckpointId()
 	m, err := e.readManifest(ctx, id)
 	if err != nil {
-		return nil, "", err
+		return nil, "", e.notRestorable(ctx, id, err)
 	}
 	for _, r := range req.GetRelocate() {
 		if !slices.Contains(m.cp.GetConversationPaths(), r.GetFrom()) {

@@ -117,14 +117,19 @@ func (s *Checkpoints) GetCheckpoint(ctx context.Context, req *checkpointv1.GetCh
 	return &checkpointv1.GetCheckpointResponse{Checkpoint: cp}, nil
 }
 
-// VerifyCheckpoint implements the RPC: a damaged checkpoint is ok=false
-// with the problem, not an error.
+// VerifyCheckpoint implements the RPC: a damaged checkpoint (its data or
+// its manifest) is ok=false with the problem, not an error.
 func (s *Checkpoints) VerifyCheckpoint(ctx context.Context, req *checkpointv1.VerifyCheckpointRequest) (*checkpointv1.VerifyCheckpointResponse, error) {
 	cp, err := s.eng.Verify(ctx, req.GetCheckpointId())
 	var fe *fault.Error
 	switch {
 	case err == nil:
 		return &checkpointv1.VerifyCheckpointResponse{Checkpoint: cp, Ok: true}, nil
+	case errors.As(err, &fe) && fe.Kind == fault.KindFailedPrecondition && (fe.Reason == checkpoint.ReasonTampered || fe.Reason == checkpoint.ReasonUnknownKey):
+		if cp == nil { // the manifest itself is damaged
+			cp = &checkpointv1.Checkpoint{Id: req.GetCheckpointId(), Damaged: fe.Message}
+		}
+		return &checkpointv1.VerifyCheckpointResponse{Checkpoint: cp, Ok: false, Problem: fe.Message}, nil
 	case cp != nil && errors.As(err, &fe) && fe.Kind == fault.KindFailedPrecondition:
 		return &checkpointv1.VerifyCheckpointResponse{Checkpoint: cp, Ok: false, Problem: fe.Message}, nil
 	}

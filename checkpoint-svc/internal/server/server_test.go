@@ -62,6 +62,7 @@ const token = "test-token"
 // are the "sandboxes" (run on the host by hostexec).
 type fixture struct {
 	client checkpointv1.CheckpointServiceClient
+	store  blob.Store
 	addr   string
 	origin string
 	base   string
@@ -105,7 +106,7 @@ func start(t *testing.T) *fixture {
 			t.Errorf("serve: %v", err)
 		}
 	})
-	f := &fixture{client: checkpointv1.NewCheckpointServiceClient(conn), addr: lis.Addr().String(), origin: t.TempDir()}
+	f := &fixture{client: checkpointv1.NewCheckpointServiceClient(conn), store: st, addr: lis.Addr().String(), origin: t.TempDir()}
 	run(t, f.origin, "git", "init", "-q", "-b", "main")
 	write(t, f.origin, "README.md", "hello\n")
 	write(t, f.origin, ".gitignore", "*.log\n")
@@ -166,6 +167,20 @@ func TestCaptureRestoreOverGRPC(t *testing.T) {
 	if err != nil || !ver.GetOk() {
 		t.Fatalf("verify: %v %v", ver, err)
 	}
+	damageManifest(t, f.store, cp.GetId(), func() {
+		ver, err := f.client.VerifyCheckpoint(ctx, &checkpointv1.VerifyCheckpointRequest{CheckpointId: cp.GetId()})
+		if err != nil || ver.GetOk() || !strings.Contains(ver.GetProblem(), "is damaged") || ver.GetCheckpoint().GetDamaged() == "" {
+			t.Fatalf("verify of a damaged manifest: %v %v", ver, err)
+		}
+		list, err := f.client.ListCheckpoints(ctx, &checkpointv1.ListCheckpointsRequest{Session: "s1"})
+		if err != nil || len(list.GetCheckpoints()) != 1 || list.GetCheckpoints()[0].GetDamaged() == "" {
+			t.Fatalf("list with a damaged manifest: %v %v", list, err)
+		}
+		_, err = f.client.RestoreCheckpoint(ctx, &checkpointv1.RestoreCheckpointRequest{CheckpointId: cp.GetId(), SandboxId: "sb", WorkDir: work})
+		if status.Code(err) != codes.FailedPrecondition || reason(err) != "CHECKPOINT_TAMPERED" || !strings.Contains(status.Convert(err).Message(), "has no other checkpoint that can be restored") {
+			t.Fatalf("restore of a damaged manifest: %v", err)
+		}
+	})
 
 	// The patch holds the commit, the edit and the untracked files, not
 	// the ignored one, and applies to the base.
@@ -329,5 +344,29 @@ func TestListPagesAndVerifyDamage(t *testing.T) {
 	}
 	if strings.Join(got, ",") != ids[2]+","+ids[1]+","+ids[0] {
 		t.Fatalf("pages %v, want newest first of %v", got, ids)
+	}
+}
+
+// damageManifest flips a byte of checkpoint id's manifest for the time of
+// check, then puts it back.
+func damageManifest(t *testing.T, st blob.Store, id string, check func()) {
+	t.Helper()
+	ctx := context.Background()
+	i := strings.LastIndexByte(id, '~')
+	key := "checkpoints/" + id[:i] + "/" + id[i+1:]
+	rc, err := st.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved, _ := io.ReadAll(rc)
+	rc.Close()
+	bad := bytes.Clone(saved)
+	bad[len(bad)-3] ^= 1
+	if err := st.Put(ctx, key, bytes.NewReader(bad)); err != nil {
+		t.Fatal(err)
+	}
+	check()
+	if err := st.Put(ctx, key, bytes.NewReader(saved)); err != nil {
+		t.Fatal(err)
 	}
 }

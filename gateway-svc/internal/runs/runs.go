@@ -39,6 +39,8 @@ import (
 var (
 	ErrNotFound     = errors.New("runs: run not found")
 	ErrUnknownToken = errors.New("runs: unknown or expired run token")
+	// ErrBadPageToken: List was given a page token it did not return.
+	ErrBadPageToken = errors.New("runs: bad page token")
 )
 
 // DefaultTTL is how long a run's token works when CreateRun gives no TTL.
@@ -337,7 +339,7 @@ func (s *Store) List(ctx context.Context, session string, pageSize int, pageToke
 	if pageToken != "" {
 		var err error
 		if off, err = strconv.Atoi(pageToken); err != nil || off < 0 {
-			return nil, "", fmt.Errorf("runs: bad page token")
+			return nil, "", ErrBadPageToken
 		}
 	}
 	key := s.runsKey()

@@ -19,6 +19,7 @@ import (
 	"github.com/hangar-dev/hangar/gateway-svc/internal/tape"
 	"github.com/hangar-dev/hangar/platform/blob"
 	"github.com/hangar-dev/hangar/platform/fault"
+	"github.com/hangar-dev/hangar/platform/redisconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -170,7 +171,13 @@ func (s *Server) withURLs(run *gatewayv1.Run) *gatewayv1.Run {
 	return run
 }
 
+// internal is the answer to a failure of the gateway's stores: Unavailable
+// (try again) when Redis could not be reached, else an internal error
+// (masked, its cause logged under the id the client sees).
 func (s *Server) internal(ctx context.Context, msg string, err error) error {
+	if !redisconn.Unreachable(err) {
+		return fmt.Errorf("%s: %w", msg, err)
+	}
 	s.deps.Logger.LogAttrs(ctx, slog.LevelError, msg, slog.Any("error", err))
 	return fault.Wrap(fault.KindUnavailable, "GATEWAY_STORE_UNAVAILABLE", "the gateway's store is unavailable", err)
 }
@@ -266,7 +273,7 @@ func (s *Server) ListRuns(ctx context.Context, req *gatewayv1.ListRunsRequest) (
 	}
 	list, next, err := s.runs.List(ctx, req.GetSession(), int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
-		if strings.Contains(err.Error(), "bad page token") {
+		if errors.Is(err, runs.ErrBadPageToken) {
 			return nil, fault.InvalidArgument("page_token", "page_token is not one this server gave")
 		}
 		return nil, s.internal(ctx, "run list failed", err)

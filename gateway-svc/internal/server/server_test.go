@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	"github.com/hangar-dev/hangar/gateway-svc/internal/server"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
@@ -327,5 +329,22 @@ func TestCacheTTL(t *testing.T) {
 		if (tc.want != "" && !strings.Contains(seen, tc.want)) || (tc.notWant != "" && strings.Contains(seen, tc.notWant)) {
 			t.Errorf("cache %s: upstream system %s", tc.ttl, seen)
 		}
+	}
+}
+
+// TestStoreDownIsUnavailable: a Redis that cannot be reached is
+// "unavailable, try again"; the answer never claims the run is gone.
+func TestStoreDownIsUnavailable(t *testing.T) {
+	t.Parallel()
+	var client *redis.Client
+	e := newEnv(t, basicScript(), func(d *server.Deps) {
+		client = redis.NewClient(&redis.Options{Addr: d.Redis.Options().Addr})
+		d.Redis = client
+	})
+	run, _ := e.createRun(t, &gatewayv1.CreateRunRequest{Session: "s1", Turn: 1})
+	client.Close()
+	_, err := e.srv.GetRun(context.Background(), &gatewayv1.GetRunRequest{Run: run.Id})
+	if st := fault.Status(err); st.Code() != codes.Unavailable || fault.Reason(st) != "GATEWAY_STORE_UNAVAILABLE" {
+		t.Fatalf("GetRun with Redis down: %v %s (%v)", st.Code(), fault.Reason(st), err)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hangar-dev/hangar/platform/fault"
+	"github.com/hangar-dev/hangar/platform/redisconn"
 )
 
 // Reasons of the errors this package returns.
@@ -102,7 +103,13 @@ func ms(d time.Duration) int64 {
 	return d.Milliseconds()
 }
 
+// unavailable is the answer to a failed lease store call: Unavailable (try
+// again) when Redis could not be reached, else the error itself (an
+// internal error: a reply this code did not expect is not an outage).
 func unavailable(err error) error {
+	if !redisconn.Unreachable(err) {
+		return fmt.Errorf("lease store: %w", err)
+	}
 	return fault.Wrap(fault.KindUnavailable, ReasonUnavailable, "the lease store is unavailable", err)
 }
 

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -589,6 +590,9 @@ func createErr(env string, err error) error {
 		return fault.Wrap(fault.KindFailedPrecondition, "EGRESS_UNSUPPORTED", "egress none cannot be enforced on this machine (a network namespace needs root)", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
+	case strings.Contains(err.Error(), "No space left on device"):
+		// A clone or setup command said so on its stderr.
+		return fault.NoSpace(err)
 	}
 	return fault.Wrap(fault.KindFailedPrecondition, "SANDBOX_CREATE_FAILED",
 		fmt.Sprintf("creating a sandbox for environment %q failed (clone or setup); see the service log", env), err)

@@ -6,6 +6,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
+	"github.com/hangar-dev/hangar/platform/redisconn"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
 	"github.com/hangar-dev/hangar/session-svc/internal/holds"
 	"github.com/hangar-dev/hangar/session-svc/internal/sessions"
@@ -113,8 +115,11 @@ func (s *Sessions) ListSessions(ctx context.Context, req *sessionv1.ListSessions
 		states = append(states, stateName(st))
 	}
 	list, next, err := s.store.ListSessions(ctx, store.ListOptions{States: states, ParentID: req.GetParentId(), Limit: int(req.GetPageSize()), PageToken: req.GetPageToken()})
-	if err != nil {
+	if errors.Is(err, store.ErrBadPageToken) {
 		return nil, fault.InvalidArgument("page_token", "page_token is not one this service gave out")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list sessions: %w", err)
 	}
 	resp := &sessionv1.ListSessionsResponse{NextPageToken: next}
 	for _, sess := range list {
@@ -167,14 +172,14 @@ func (s *Sessions) session(ctx context.Context, sess *store.Session, detail bool
 	if !detail {
 		return out, nil
 	}
-	cps, err := s.m.Checkpoints(ctx, sess.Name)
+	cps, err := s.m.SessionCheckpoints(ctx, sess)
 	if err != nil {
 		return nil, err
 	}
 	for _, c := range cps {
 		sc := &sessionv1.SessionCheckpoint{
 			Id: c.GetId(), CreatedAt: c.GetCreatedAt(), Reason: checkpointReasonName(c.GetReason().String()),
-			Turn: c.GetTurn(), SizeBytes: c.GetSizeBytes(),
+			Turn: c.GetTurn(), SizeBytes: c.GetSizeBytes(), Damaged: c.GetDamaged(),
 		}
 		for _, w := range c.GetWarnings() {
 			sc.Warnings = append(sc.Warnings, w.GetMessage())
@@ -183,7 +188,7 @@ func (s *Sessions) session(ctx context.Context, sess *store.Session, detail bool
 	}
 	live, err := s.holds.List(ctx, sess.Name)
 	if err != nil {
-		return nil, fmt.Errorf("holds of %s: %w", sess.Name, err)
+		return nil, holdStoreErr(fmt.Errorf("holds of %s: %w", sess.Name, err))
 	}
 	for _, h := range live {
 		out.Holds = append(out.Holds, holdProto(h))
@@ -226,8 +231,11 @@ func (s *Sessions) GetTurn(ctx context.Context, req *sessionv1.GetTurnRequest) (
 		return nil, err
 	}
 	t, err := s.store.GetTurn(ctx, req.GetName(), int(req.GetTurn()))
-	if err != nil {
+	if errors.Is(err, store.ErrNotFound) {
 		return nil, fault.NotFound("TURN_NOT_FOUND", "session %q has no turn %d", req.GetName(), req.GetTurn())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("turn %d of %s: %w", req.GetTurn(), req.GetName(), err)
 	}
 	return &sessionv1.GetTurnResponse{Turn: turnProto(t)}, nil
 }
@@ -392,7 +400,7 @@ func (s *Sessions) AcquireHold(ctx context.Context, req *sessionv1.AcquireHoldRe
 	}
 	h, err := s.holds.Acquire(ctx, req.GetName(), req.GetOwner(), kind, req.GetDescription(), holdTTL(req.GetTtlSeconds()))
 	if err != nil {
-		return nil, fmt.Errorf("hold on %s: %w", req.GetName(), err)
+		return nil, holdStoreErr(fmt.Errorf("hold on %s: %w", req.GetName(), err))
 	}
 	return &sessionv1.AcquireHoldResponse{Hold: holdProto(h)}, nil
 }
@@ -400,8 +408,11 @@ func (s *Sessions) AcquireHold(ctx context.Context, req *sessionv1.AcquireHoldRe
 // RenewHold extends a hold.
 func (s *Sessions) RenewHold(ctx context.Context, req *sessionv1.RenewHoldRequest) (*sessionv1.RenewHoldResponse, error) {
 	h, err := s.holds.Renew(ctx, req.GetName(), req.GetHoldId(), holdTTL(req.GetTtlSeconds()))
-	if err != nil {
+	if errors.Is(err, holds.ErrNotFound) {
 		return nil, fault.NotFound("HOLD_NOT_FOUND", "session %q has no live hold %q (released or expired)", req.GetName(), req.GetHoldId())
+	}
+	if err != nil {
+		return nil, holdStoreErr(fmt.Errorf("renew hold %s of %s: %w", req.GetHoldId(), req.GetName(), err))
 	}
 	return &sessionv1.RenewHoldResponse{Hold: holdProto(h)}, nil
 }
@@ -409,7 +420,7 @@ func (s *Sessions) RenewHold(ctx context.Context, req *sessionv1.RenewHoldReques
 // ReleaseHold ends a hold.
 func (s *Sessions) ReleaseHold(ctx context.Context, req *sessionv1.ReleaseHoldRequest) (*sessionv1.ReleaseHoldResponse, error) {
 	if err := s.holds.Release(ctx, req.GetName(), req.GetHoldId()); err != nil {
-		return nil, fmt.Errorf("release hold %s of %s: %w", req.GetHoldId(), req.GetName(), err)
+		return nil, holdStoreErr(fmt.Errorf("release hold %s of %s: %w", req.GetHoldId(), req.GetName(), err))
 	}
 	return &sessionv1.ReleaseHoldResponse{ReleasedAt: timestamppb.Now()}, nil
 }
@@ -440,4 +451,13 @@ func structFromJSON(s string) *structpb.Struct {
 		return nil
 	}
 	return st
+}
+
+// holdStoreErr says "unavailable, try again" when the hold store (Redis)
+// cannot be reached; any other failure stays an internal error.
+func holdStoreErr(err error) error {
+	if redisconn.Unreachable(err) {
+		return fault.Wrap(fault.KindUnavailable, "HOLD_STORE_UNAVAILABLE", "the hold store is unavailable; try again", err)
+	}
+	return err
 }

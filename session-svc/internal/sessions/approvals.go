@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
@@ -72,7 +69,7 @@ func (m *Manager) Approvals(ctx context.Context, name string, all bool) ([]Appro
 		return nil, err
 	}
 	resp, err := m.d.Gateway.ListToolCalls(ctx, &gatewayv1.ListToolCallsRequest{Run: runID})
-	if status.Code(err) == codes.NotFound {
+	if fault.ReasonOf(err) == "RUN_NOT_FOUND" {
 		return nil, nil
 	}
 	if err != nil {
@@ -102,11 +99,11 @@ func (m *Manager) AnswerApproval(ctx context.Context, name, id string, allow boo
 		return Approval{}, fault.FailedPrecondition("NO_TURN_RUNNING", "session %q has no running turn waiting on approval %q", name, id)
 	}
 	resp, err := m.d.Gateway.AnswerToolCall(ctx, &gatewayv1.AnswerToolCallRequest{Run: runID, ToolCallId: id, Allow: allow})
-	switch status.Code(err) {
-	case codes.OK:
-	case codes.NotFound:
+	switch {
+	case err == nil:
+	case fault.ReasonOf(err) == "TOOL_CALL_NOT_FOUND", fault.ReasonOf(err) == "RUN_NOT_FOUND":
 		return Approval{}, fault.NotFound("APPROVAL_NOT_FOUND", "session %q's running turn waits on no approval %q", name, id)
-	case codes.FailedPrecondition:
+	case fault.ReasonOf(err) == "TOOL_CALL_ANSWERED":
 		return Approval{}, fault.FailedPrecondition("APPROVAL_ANSWERED", "approval %q was already answered the other way", id)
 	default:
 		return Approval{}, fmt.Errorf("answer tool call %s of run %s: %w", id, runID, err)

@@ -229,14 +229,14 @@ func (m *Manager) forkPoint(ctx context.Context, parent *store.Session) (*checkp
 		}
 		return cp, nil
 	}
-	cps, err := m.Checkpoints(ctx, parent.Name)
+	cp, err := m.restorePoint(ctx, parent)
 	if err != nil {
 		return nil, err
 	}
-	if len(cps) == 0 {
+	if cp == nil {
 		return nil, fault.FailedPrecondition("NOTHING_TO_FORK", "session %q has no checkpoint yet: run a turn or open it, then fork", parent.Name)
 	}
-	return cps[0], nil
+	return cp, nil
 }
 
 // createFork records one fork: the session (suspended until its first
@@ -265,11 +265,13 @@ func (m *Manager) createFork(ctx context.Context, parent *store.Session, cp *che
 		}
 		return nil, fmt.Errorf("create fork %s: %w", name, err)
 	}
-	if _, err := m.d.Checkpoints.ForkCheckpoint(ctx, &checkpointv1.ForkCheckpointRequest{
+	forked, err := m.d.Checkpoints.ForkCheckpoint(ctx, &checkpointv1.ForkCheckpointRequest{
 		CheckpointId: cp.GetId(), NewSession: name, Branch: branch,
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, fmt.Errorf("fork checkpoint %s for %s: %w", cp.GetId(), name, err)
 	}
+	m.noteCheckpoint(ctx, name, forked.GetCheckpoint())
 	if err := m.d.Store.CopyHistory(ctx, parent.Name, name); err != nil {
 		return nil, fmt.Errorf("copy history of %s to %s: %w", parent.Name, name, err)
 	}

@@ -112,14 +112,14 @@ var errNoCopy = errors.New("not copyable")
 // src's files (the sandbox service says so), its work tree's hash must be
 // the one src's restore verified. On failure the copy is released.
 func (m *Manager) prepareCopy(ctx context.Context, s, srcSession *store.Session, src *booted) (*booted, error) {
-	cps, err := m.Checkpoints(ctx, s.Name)
+	cp, err := m.restorePoint(ctx, s)
 	if err != nil {
 		return nil, err
 	}
-	if len(cps) == 0 || src.restored == nil || src.tree == "" {
+	if cp == nil || src.restored == nil || src.tree == "" {
 		return nil, fmt.Errorf("%w: nothing restored to copy", errNoCopy)
 	}
-	cp, from := cps[0], src.restored
+	from := src.restored
 	if cp.GetTreeHash() != from.GetTreeHash() || cp.GetHeadCommit() != from.GetHeadCommit() ||
 		cp.GetHarness() != from.GetHarness() || strings.Join(cp.GetConversationPaths(), "\x00") != strings.Join(from.GetConversationPaths(), "\x00") ||
 		s.Branch == "" || srcSession.Branch == "" || s.Environment != srcSession.Environment {

@@ -10,9 +10,6 @@ import (
 	"sort"
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
@@ -70,6 +67,7 @@ func (m *Manager) checkpointWith(ctx context.Context, s *store.Session, turn int
 		return nil, fmt.Errorf("checkpoint %s (%s): %w", s.Name, reason, err)
 	}
 	cp := resp.GetCheckpoint()
+	m.noteCheckpoint(ctx, s.Name, cp)
 	text := fmt.Sprintf("checkpoint %s (%s)", cp.GetId(), reason)
 	if !resp.GetCreated() {
 		text = fmt.Sprintf("checkpoint %s unchanged (%s)", cp.GetId(), reason)
@@ -408,18 +406,18 @@ GIT_INDEX_FILE="$idx" git diff --cached --binary "$1"`
 			}
 		}
 	}
-	cps, err := m.Checkpoints(ctx, name)
+	cp, err := m.restorePoint(ctx, s)
 	if err != nil {
 		return "", "", "", err
 	}
-	if len(cps) == 0 {
+	if cp == nil {
 		return "", s.BaseCommit, "", nil
 	}
-	resp, err := m.d.Checkpoints.GetCheckpointPatch(ctx, &checkpointv1.GetCheckpointPatchRequest{CheckpointId: cps[0].GetId()})
+	resp, err := m.d.Checkpoints.GetCheckpointPatch(ctx, &checkpointv1.GetCheckpointPatchRequest{CheckpointId: cp.GetId()})
 	if err != nil {
 		return "", "", "", fmt.Errorf("patch of %s: %w", name, err)
 	}
-	return resp.GetPatch(), resp.GetBaseCommit(), cps[0].GetId(), nil
+	return resp.GetPatch(), resp.GetBaseCommit(), cp.GetId(), nil
 }
 
 // collectArtifacts moves files handed back with `hangar-agent artifact`
@@ -430,7 +428,7 @@ func (m *Manager) collectArtifacts(ctx context.Context, s *store.Session, sb *sa
 	var walk func(dir string) error
 	walk = func(dir string) error {
 		resp, err := m.d.Sandboxes.ListFiles(ctx, &sandboxv1.ListFilesRequest{SandboxId: sb.GetId(), FencingToken: s.FencingToken, Path: dir})
-		if status.Code(err) == codes.NotFound {
+		if fault.ReasonOf(err) == "FILE_NOT_FOUND" {
 			return nil
 		}
 		if err != nil {
@@ -504,22 +502,9 @@ func (m *Manager) Artifact(ctx context.Context, name, p string, turn int) (*stor
 	return a, content, nil
 }
 
-// publicMessage is what a client may see of an error: the message of a
-// domain error or of a gRPC status in its chain (our services never put
-// internal text there), else nothing specific.
+// publicMessage is what a client may see of an error: what the RPC edge
+// would answer for it (a domain error's message, another service's status
+// only when it carries hangar's reason, else "internal error").
 func publicMessage(err error) string {
-	var fe *fault.Error
-	if errors.As(err, &fe) {
-		return fe.Message
-	}
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if se, ok := e.(interface{ GRPCStatus() *status.Status }); ok {
-			st := se.GRPCStatus()
-			if st.Code() != codes.Unknown && st.Code() != codes.Internal {
-				return st.Message()
-			}
-			break
-		}
-	}
-	return "internal error"
+	return fault.PublicMessage(err)
 }

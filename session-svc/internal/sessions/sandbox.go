@@ -136,13 +136,12 @@ func (m *Manager) prepare(ctx context.Context, s *store.Session) (*booted, error
 		return nil, err
 	}
 
-	checkpoints, err := m.Checkpoints(ctx, s.Name)
+	newest, err := m.restorePoint(ctx, s)
 	if err != nil {
 		return fail(err)
 	}
 	b.base = s.BaseCommit
-	if len(checkpoints) > 0 {
-		newest := checkpoints[0]
+	if newest != nil {
 		resp, err := m.d.Checkpoints.RestoreCheckpoint(ctx, &checkpointv1.RestoreCheckpointRequest{
 			CheckpointId: newest.GetId(), SandboxId: b.sb.GetId(), FencingToken: b.token,
 			WorkDir: b.sb.GetWorkDir(), Branch: s.Branch, Relocate: relocation(b.sb, newest),

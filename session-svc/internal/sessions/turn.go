@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
@@ -608,7 +606,7 @@ func (m *Manager) placeAttachments(ctx context.Context, s *store.Session, sb *sa
 func (m *Manager) takeQuestion(ctx context.Context, sb *sandboxv1.Sandbox, token uint64, number int) (*store.Question, error) {
 	p := path.Join(agentDir(sb), "question")
 	resp, err := m.d.Sandboxes.ReadFile(ctx, &sandboxv1.ReadFileRequest{SandboxId: sb.GetId(), FencingToken: token, Path: p})
-	if status.Code(err) == codes.NotFound {
+	if fault.ReasonOf(err) == "FILE_NOT_FOUND" {
 		return nil, nil
 	}
 	if err != nil {

@@ -10,12 +10,11 @@ import (
 	"io"
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
@@ -136,14 +135,13 @@ func (m *Manager) workFromSandbox(ctx context.Context, s *store.Session) (*Work,
 // the base instead: no commits, the whole work, commits included, as
 // uncommitted changes on the base.
 func (m *Manager) workFromCheckpoint(ctx context.Context, s *store.Session, acceptChain bool) (*Work, error) {
-	cps, err := m.Checkpoints(ctx, s.Name)
+	cp, err := m.restorePoint(ctx, s)
 	if err != nil {
 		return nil, err
 	}
-	if len(cps) == 0 {
+	if cp == nil {
 		return &Work{Branch: s.Branch, BaseCommit: s.BaseCommit, HeadCommit: s.BaseCommit}, nil
 	}
-	cp := cps[0]
 	w := &Work{Branch: cp.GetBranch(), BaseCommit: cp.GetBaseCommit(), HeadCommit: cp.GetHeadCommit(), CheckpointID: cp.GetId()}
 	if w.Branch == "" {
 		w.Branch = s.Branch
@@ -204,7 +202,7 @@ func (m *Manager) readPart(ctx context.Context, req *checkpointv1.ReadPartReques
 		if errors.Is(err, io.EOF) {
 			return buf.Bytes(), nil
 		}
-		if status.Code(err) == codes.NotFound {
+		if fault.ReasonOf(err) == "PART_NOT_FOUND" {
 			return nil, nil
 		}
 		if err != nil {

@@ -11,10 +11,9 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/sessions"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
@@ -63,7 +62,7 @@ func (f *fakeCheckpoints) ReadPart(_ context.Context, req *checkpointv1.ReadPart
 		body = f.patch
 	}
 	if body == nil {
-		return nil, status.Error(codes.NotFound, "no such part")
+		return nil, fault.Status(fault.NotFound("PART_NOT_FOUND", "no such part")).Err()
 	}
 	return &partStream{chunks: [][]byte{body[:len(body)/2], body[len(body)/2:]}}, nil
 }

@@ -79,6 +79,7 @@ func (s *Store) ListCheckpoints(ctx context.Context, name string) ([]*Checkpoint
 // DeleteCheckpoint removes one checkpoint record; ErrNotFound if absent.
 func (s *Store) DeleteCheckpoint(ctx context.Context, name, id string) error {
 	res, err := s.w.ExecContext(ctx, s.q(`DELETE FROM checkpoints WHERE session = ? AND id = ?`), name, id)
+	err = diskFull(err)
 	if err != nil {
 		return fmt.Errorf("store: delete checkpoint %q of %q: %w", id, name, err)
 	}
@@ -96,6 +97,7 @@ func (s *Store) DeleteCheckpoint(ctx context.Context, name, id string) error {
 // returns how many there were.
 func (s *Store) DeleteCheckpoints(ctx context.Context, name string) (int, error) {
 	res, err := s.w.ExecContext(ctx, s.q(`DELETE FROM checkpoints WHERE session = ?`), name)
+	err = diskFull(err)
 	if err != nil {
 		return 0, fmt.Errorf("store: delete checkpoints of %q: %w", name, err)
 	}

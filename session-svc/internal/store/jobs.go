@@ -125,6 +125,7 @@ func (s *Store) CreateJob(ctx context.Context, j *Job) error {
 	}
 	res, err := s.w.ExecContext(ctx, s.q(`INSERT INTO jobs (`+jobColumns+`) VALUES (`+placeholders(len(args))+`)
 		ON CONFLICT (id) DO NOTHING`), args...)
+	err = diskFull(err)
 	if err != nil {
 		return fmt.Errorf("store: create job %q: %w", j.ID, err)
 	}

@@ -107,6 +107,7 @@ func (s *Store) CreateSession(ctx context.Context, sess *Session) error {
 	res, err := s.w.ExecContext(ctx, s.q(`INSERT INTO sessions (`+sessionColumns+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (name) DO NOTHING`), args...)
+	err = diskFull(err)
 	if err != nil {
 		return fmt.Errorf("store: create session %q: %w", sess.Name, err)
 	}

@@ -184,8 +184,13 @@ type Checkpoint struct {
 	KeyId string `protobuf:"bytes,18,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
 	// Conversation file paths captured.
 	ConversationPaths []string `protobuf:"bytes,19,rep,name=conversation_paths,json=conversationPaths,proto3" json:"conversation_paths,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Set in a list when this checkpoint's manifest cannot be read (damaged,
+	// truncated, or sealed with a key the service lacks): what is wrong. Only
+	// id, session and created_at are filled in then, and it cannot be
+	// restored; the session's other checkpoints are unaffected.
+	Damaged       string `protobuf:"bytes,20,opt,name=damaged,proto3" json:"damaged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Checkpoint) Reset() {
@@ -351,6 +356,13 @@ func (x *Checkpoint) GetConversationPaths() []string {
 	return nil
 }
 
+func (x *Checkpoint) GetDamaged() string {
+	if x != nil {
+		return x.Damaged
+	}
+	return ""
+}
+
 // Part is one captured piece of state.
 type Part struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -498,7 +510,7 @@ var File_hangar_checkpoint_v1_message_proto protoreflect.FileDescriptor
 
 const file_hangar_checkpoint_v1_message_proto_rawDesc = "" +
 	"\n" +
-	"\"hangar/checkpoint/v1/message.proto\x12\x14hangar.checkpoint.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc6\x05\n" +
+	"\"hangar/checkpoint/v1/message.proto\x12\x14hangar.checkpoint.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe0\x05\n" +
 	"\n" +
 	"Checkpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
@@ -525,7 +537,8 @@ const file_hangar_checkpoint_v1_message_proto_rawDesc = "" +
 	"\vshared_from\x18\x11 \x01(\tR\n" +
 	"sharedFrom\x12\x15\n" +
 	"\x06key_id\x18\x12 \x01(\tR\x05keyId\x12-\n" +
-	"\x12conversation_paths\x18\x13 \x03(\tR\x11conversationPaths\"\xa5\x01\n" +
+	"\x12conversation_paths\x18\x13 \x03(\tR\x11conversationPaths\x12\x18\n" +
+	"\adamaged\x18\x14 \x01(\tR\adamaged\"\xa5\x01\n" +
 	"\x04Part\x122\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1e.hangar.checkpoint.v1.PartKindR\x04kind\x12\x1d\n" +
 	"\n" +

@@ -1148,10 +1148,13 @@ type SessionCheckpoint struct {
 	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// after_turn, periodic, suspend, before_destroy, fork, manual.
-	Reason        string   `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
-	Turn          int32    `protobuf:"varint,4,opt,name=turn,proto3" json:"turn,omitempty"`
-	SizeBytes     int64    `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	Warnings      []string `protobuf:"bytes,6,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	Reason    string   `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Turn      int32    `protobuf:"varint,4,opt,name=turn,proto3" json:"turn,omitempty"`
+	SizeBytes int64    `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	Warnings  []string `protobuf:"bytes,6,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	// Set when this checkpoint cannot be restored: its manifest is damaged,
+	// or missing while the session's record names it. What is wrong.
+	Damaged       string `protobuf:"bytes,7,opt,name=damaged,proto3" json:"damaged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1226,6 +1229,13 @@ func (x *SessionCheckpoint) GetWarnings() []string {
 		return x.Warnings
 	}
 	return nil
+}
+
+func (x *SessionCheckpoint) GetDamaged() string {
+	if x != nil {
+		return x.Damaged
+	}
+	return ""
 }
 
 // Usage is tokens and cost.
@@ -2368,7 +2378,7 @@ const file_hangar_session_v1_message_proto_rawDesc = "" +
 	"\bwarnings\x18\x11 \x03(\tR\bwarnings\x12\x1c\n" +
 	"\tinherited\x18\x12 \x01(\bR\tinherited\x12\x15\n" +
 	"\x06run_id\x18\x13 \x01(\tR\x05runId\x121\n" +
-	"\x06budget\x18\x14 \x01(\v2\x19.hangar.session.v1.BudgetR\x06budget\"\xc5\x01\n" +
+	"\x06budget\x18\x14 \x01(\v2\x19.hangar.session.v1.BudgetR\x06budget\"\xdf\x01\n" +
 	"\x11SessionCheckpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
 	"\n" +
@@ -2377,7 +2387,8 @@ const file_hangar_session_v1_message_proto_rawDesc = "" +
 	"\x04turn\x18\x04 \x01(\x05R\x04turn\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x05 \x01(\x03R\tsizeBytes\x12\x1a\n" +
-	"\bwarnings\x18\x06 \x03(\tR\bwarnings\"\xe5\x01\n" +
+	"\bwarnings\x18\x06 \x03(\tR\bwarnings\x12\x18\n" +
+	"\adamaged\x18\a \x01(\tR\adamaged\"\xe5\x01\n" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x03R\vinputTokens\x12#\n" +
 	"\routput_tokens\x18\x02 \x01(\x03R\foutputTokens\x12*\n" +
