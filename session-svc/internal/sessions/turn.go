@@ -533,7 +533,13 @@ func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string,
 		log.WarnContext(ctx, "session state after turn not recorded", "error", err)
 	}
 	// The turn's end is recorded last: whoever waits for it finds the
-	// session already out of running.
+	// session already out of running, and no longer running here (a fork
+	// right after the wait must not see the parent mid-turn).
+	m.mu.Lock()
+	if at := m.turns[name]; at != nil && at.number == number {
+		delete(m.turns, name)
+	}
+	m.mu.Unlock()
 	_, err = m.d.Store.UpdateTurn(ctx, name, number, func(t *store.Turn) error {
 		t.Outcome, t.OutcomeReason, t.Result = res.outcome, res.reason, res.text
 		t.StructuredResultJSON = res.structured
