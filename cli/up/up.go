@@ -75,6 +75,10 @@ type Stack struct {
 	// OfflineModel is the URL of the scripted upstream the gateway uses when
 	// no model credentials are set (empty when a real upstream is set).
 	OfflineModel string
+	// SandboxIsolation is how sandboxes are isolated: "bwrap", "none" (the
+	// operator opted out: HANGAR_SANDBOX_ISOLATION=none) or "unavailable"
+	// (bubblewrap cannot run here: sandboxes do not start).
+	SandboxIsolation string
 
 	group *errgroup.Group
 }
@@ -280,6 +284,9 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 			return fail(fmt.Errorf("%s: %w", spec.name, err))
 		}
 		apps[i] = a
+		if iso, ok := a.(interface{ Isolation() string }); ok {
+			stack.SandboxIsolation = iso.Isolation()
+		}
 		for _, name := range spec.grpcServices {
 			routes["/"+name+"/"] = a.Handler()
 		}

@@ -504,7 +504,20 @@ func (sb *Sandbox) namespaces() (*holder, error) {
 	if sb.isDestroyed() {
 		return nil, driver.ErrDestroyed
 	}
-	h, err := sb.d.jail.startHolder(sb.inCgroup(&syscall.SysProcAttr{}))
+	var h *holder
+	start := func() error {
+		var err error
+		h, err = sb.d.jail.startHolder(sb.inCgroup(&syscall.SysProcAttr{}))
+		return err
+	}
+	// In the sandbox's network namespace (egress none), so that not even
+	// its pid 1 is in the host's.
+	var err error
+	if sb.ns != nil {
+		err = sb.ns.Do(start)
+	} else {
+		err = start()
+	}
 	if err != nil {
 		return nil, err
 	}

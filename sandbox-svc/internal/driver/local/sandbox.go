@@ -101,10 +101,10 @@ func (sb *Sandbox) Info() driver.Info {
 	}
 }
 
-// sandboxPath is a sandbox's PATH: the system's directories (the only
-// ones it sees besides its own and the agent CLIs', which come by full
-// path or on the exec's PATH).
-const sandboxPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+// SandboxPath is a sandbox's PATH under isolation: the system's
+// directories (the only ones it sees besides its own and the agent CLIs',
+// which come by full path or on the exec's PATH).
+const SandboxPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // env is a process's whole environment, built from nothing: a fixed base,
 // the sandbox's (its environment's declared variables) and extra (the exec
@@ -112,7 +112,7 @@ const sandboxPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // enters a sandbox, isolated or not, save its PATH without isolation.
 func (sb *Sandbox) env(extra map[string]string) []string {
 	m := map[string]string{
-		"PATH":                sandboxPath,
+		"PATH":                SandboxPath,
 		"HOME":                sb.homeDir(),
 		"USER":                "hangar",
 		"LOGNAME":             "hangar",
