@@ -427,8 +427,17 @@ func forkWaitJob(t testing.TB, s *forkStack, id string) *sessionv1.Job {
 // for changes since its checkpoint, the first fork's sandbox is created
 // (clone) and restored, and the other forks get copies of it. ns/op is
 // the four forks together.
+//
+// It runs with the sandboxes isolated (bubblewrap) and not, to show what
+// isolation costs.
 func BenchmarkForkFanOut(b *testing.B) {
-	s := forkStart(b, nil)
+	for _, iso := range []string{"bwrap", "none"} {
+		b.Run("isolation="+iso, func(b *testing.B) { benchmarkForkFanOut(b, iso) })
+	}
+}
+
+func benchmarkForkFanOut(b *testing.B, isolation string) {
+	s := forkStart(b, map[string]string{"HANGAR_SANDBOX_ISOLATION": isolation})
 	ctx := context.Background()
 	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "fan", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE}); err != nil {
 		b.Fatal(err)
