@@ -108,6 +108,11 @@ func newJail(root string, readOnly []string) (*jail, error) {
 		}
 	}
 	args = append(args, maskUnreadable("/etc")...)
+	// A file in /etc may be a link to one elsewhere (resolv.conf to
+	// /run/systemd/resolve/...): that file is bound too, alone.
+	for _, target := range etcLinksOutside(bound) {
+		args = append(args, "--ro-bind-try", target, target)
+	}
 	for _, p := range cleanPaths(readOnly) {
 		if under(p, bound) {
 			continue
@@ -334,6 +339,29 @@ func maskUnreadable(dir string) []string {
 		return nil
 	})
 	return args
+}
+
+// etcLinksOutside returns the files that symlinks directly in /etc lead
+// to outside the bound directories (world-readable regular files only).
+func etcLinksOutside(bound []string) []string {
+	ents, err := os.ReadDir("/etc")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, ent := range ents {
+		if ent.Type()&fs.ModeSymlink == 0 {
+			continue
+		}
+		target, err := filepath.EvalSymlinks(filepath.Join("/etc", ent.Name()))
+		if err != nil || under(target, bound) || strings.HasPrefix(target, "/proc/") {
+			continue
+		}
+		if st, err := os.Stat(target); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o004 != 0 {
+			out = append(out, target)
+		}
+	}
+	return out
 }
 
 // cleanPaths returns the absolute paths of ps, without duplicates or
