@@ -315,7 +315,6 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, gua
 			pgid = child
 			groups = append(groups, child)
 			sb.trackGroup(child)
-			awaitSession(child)
 		}
 		infoR.Close()
 	}
@@ -351,11 +350,11 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, gua
 
 // awaitSession waits (a while) until pid leads its own process group, as
 // bwrap makes it (--new-session) once the sandbox is set up and just
-// before it runs the command: a signal to the group reaches it from then
-// on.
+// before it runs the command (till then it is in bwrap's group, which
+// cancel kills too): a signal to the group reaches it from then on.
 func awaitSession(pid int) {
 	deadline := time.Now().Add(5 * time.Second)
-	for wait := 50 * time.Microsecond; time.Now().Before(deadline); wait = min(2*wait, 5*time.Millisecond) {
+	for wait := 50 * time.Microsecond; time.Now().Before(deadline); wait = min(2*wait, time.Millisecond) {
 		pgid, err := syscall.Getpgid(pid)
 		if err != nil || pgid == pid {
 			return
@@ -385,6 +384,12 @@ func (p *process) Signal(sig os.Signal) error {
 		return fmt.Errorf("unsupported signal %v", sig)
 	}
 	err := syscall.Kill(-p.pgid, s)
+	if errors.Is(err, syscall.ESRCH) && p.jailed {
+		// Its session may not be made yet (bwrap sets the sandbox up
+		// first).
+		awaitSession(p.pgid)
+		err = syscall.Kill(-p.pgid, s)
+	}
 	if errors.Is(err, syscall.ESRCH) {
 		return nil
 	}
@@ -511,7 +516,6 @@ func (sb *Sandbox) Terminal(ctx context.Context, req driver.TerminalRequest) (dr
 	if infoR != nil {
 		if child := readChildPid(infoR); child > 0 {
 			groups = append(groups, child)
-			awaitSession(child)
 		}
 		infoR.Close()
 	}
