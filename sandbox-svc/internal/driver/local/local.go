@@ -291,6 +291,12 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, l *layer, fill fu
 			sb.relay = startRelay(ln, gw, d.opts.Logger)
 		}
 	}
+	if d.jail != nil {
+		// The sandbox's namespaces are made while it is filled (clone,
+		// copy); its first process waits for them. An error here is the
+		// first process's to report.
+		go func() { _, _ = sb.namespaces() }()
+	}
 	if err := fill(sb); err != nil {
 		return nil, err
 	}
