@@ -155,6 +155,16 @@ func Run(t *testing.T, tg Target) {
 		}
 	})
 
+	t.Run("Descriptors", func(t *testing.T) {
+		// Nothing of the service's or the runtime's is open in a sandbox
+		// process but its stdio.
+		out, _ := sh(t, sb, `ls /proc/$$/fd`, nil)
+		if got := strings.Join(strings.Fields(out), " "); got != "0 1 2" {
+			list, _ := sh(t, sb, `ls -l /proc/$$/fd`, nil)
+			t.Errorf("a sandbox process holds descriptors %s, want 0 1 2:\n%s", got, list)
+		}
+	})
+
 	t.Run("Cgroup", func(t *testing.T) {
 		if tg.CgroupRoot != "" {
 			mustFail(t, sb, "moving into the root cgroup", "echo $$ > "+quote(tg.CgroupRoot+"/cgroup.procs"))

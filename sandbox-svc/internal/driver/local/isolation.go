@@ -76,6 +76,7 @@ type jail struct {
 	// setsid (util-linux) makes a terminal's process the leader of a
 	// session whose controlling terminal is its pty, inside the sandbox.
 	setsid string
+	sh     string
 	// system are the mounts every sandbox process gets: the system, masks,
 	// the read-only paths.
 	system []string
@@ -128,11 +129,35 @@ func newJail(root string, readOnly []string) (*jail, error) {
 	if err != nil {
 		return nil, fmt.Errorf("setsid (util-linux) not found: %w", err)
 	}
-	j := &jail{bwrap: bin, setsid: setsid, system: args}
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		return nil, err
+	}
+	j := &jail{bwrap: bin, setsid: setsid, sh: sh, system: args}
 	if err := j.probe(); err != nil {
 		return nil, err
 	}
 	return j, nil
+}
+
+// closeInheritedOnExec marks every descriptor of this process close-on-exec.
+// Go opens its own so; one this process inherited open (a pipe of the
+// shell or supervisor that started it) would otherwise pass into every
+// child, sandboxes included. A child still gets its stdio and ExtraFiles.
+func closeInheritedOnExec() {
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err == nil {
+		return
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, ent := range ents {
+		var fd int
+		if _, err := fmt.Sscan(ent.Name(), &fd); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
+	}
 }
 
 // probe starts a holder and runs `true` in its namespaces.
@@ -219,7 +244,8 @@ func (j *jail) startHolder(attr *syscall.SysProcAttr) (*holder, error) {
 		closeAll([]*os.File{inR, inW, infoR, infoW})
 		return nil, err
 	}
-	var errb bytes.Buffer
+	// Bounded: the sandbox can write to its holder's stderr.
+	var errb limitedBuffer
 	cmd.Stdin, cmd.Stdout, cmd.Stderr, cmd.ExtraFiles = inR, outW, &errb, []*os.File{infoW}
 	err = cmd.Start()
 	closeAll([]*os.File{inR, infoW, outW})
@@ -280,6 +306,10 @@ type mountSet struct {
 	// tmp is bound at /tmp; a fresh tmpfs when empty.
 	tmp string
 }
+
+// closeNamespaceFDs is the script a jailed command runs through (as sh -c
+// closeNamespaceFDs path args...).
+const closeNamespaceFDs = `exec 3<&- 4<&- 5<&-; exec "$0" "$@"`
 
 // The descriptors a jailed process is started with (cmd.ExtraFiles).
 const (
@@ -479,7 +509,9 @@ func (sb *Sandbox) jailed(path string, args []string, dir string, newSession boo
 		return nil, nil, err
 	}
 	j := sb.d.jail
-	full := append(j.args(m, dir, newSession), "--", path)
+	// bwrap leaves the namespace descriptors open: the shell closes them
+	// before it becomes the command.
+	full := append(j.args(m, dir, newSession), "--", j.sh, "-c", closeNamespaceFDs, path)
 	cmd = exec.Command(j.bwrap, append(full, args...)...)
 	// Duplicates: the holder's stay open for the next process.
 	for _, f := range []*os.File{h.owner, h.pidns, h.userns} {

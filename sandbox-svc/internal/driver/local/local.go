@@ -55,6 +55,7 @@ type Driver struct {
 	cgroups   *cgroupTree         // nil where cgroups can't be made
 	jail      *jail               // nil with IsolationNone or when bwrap can't run
 	jailErr   error               // why jail is nil under IsolationBwrap
+	starting  sync.WaitGroup      // holders starting in the background (Close waits)
 	lock      *os.File            // flock on the sandboxes directory; nil after Close
 }
 
@@ -89,6 +90,7 @@ func New(opts Options) (*Driver, error) {
 	}
 	switch opts.Isolation {
 	case IsolationBwrap:
+		closeInheritedOnExec()
 		d.jail, d.jailErr = newJail(opts.Root, opts.ReadOnlyPaths)
 		if d.jailErr != nil {
 			opts.Logger.Error("sandboxes cannot be isolated: none will be created (HANGAR_SANDBOX_ISOLATION=none runs them without isolation)", "error", d.jailErr)
@@ -295,7 +297,11 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, l *layer, fill fu
 		// The sandbox's namespaces are made while it is filled (clone,
 		// copy); its first process waits for them. An error here is the
 		// first process's to report.
-		go func() { _, _ = sb.namespaces() }()
+		d.starting.Add(1)
+		go func() {
+			defer d.starting.Done()
+			_, _ = sb.namespaces()
+		}()
 	}
 	if err := fill(sb); err != nil {
 		return nil, err
