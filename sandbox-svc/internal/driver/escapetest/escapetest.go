@@ -9,6 +9,7 @@ package escapetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -52,11 +53,21 @@ var seq atomic.Int64
 func Run(t *testing.T, tg Target) {
 	t.Helper()
 	repo, _ := drivertest.NewRepo(t, map[string]string{"README.md": "escape\n"})
+	egressNone := true
 	create := func(t *testing.T, egress driver.Egress) driver.Sandbox {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		sb, err := tg.Driver.Create(ctx, driver.Spec{ID: fmt.Sprintf("esc-%d", seq.Add(1)), Repository: repo, Egress: egress, Env: map[string]string{"DECLARED": "declared-value"}})
+		spec := driver.Spec{ID: fmt.Sprintf("esc-%d", seq.Add(1)), Repository: repo, Egress: egress, Env: map[string]string{"DECLARED": "declared-value"}}
+		sb, err := tg.Driver.Create(ctx, spec)
+		if errors.Is(err, driver.ErrEgressUnsupported) {
+			// The rest still holds with the host's network (the local
+			// driver needs root for a network namespace).
+			t.Logf("egress none unsupported here (%v): the network escapes are not tried", err)
+			egressNone = false
+			spec.Egress = driver.EgressFull
+			sb, err = tg.Driver.Create(ctx, spec)
+		}
 		if err != nil {
 			t.Fatalf("Create: %v", err)
 		}
@@ -177,6 +188,9 @@ func Run(t *testing.T, tg Target) {
 	})
 
 	t.Run("Network", func(t *testing.T) {
+		if !egressNone {
+			t.Skip("egress none unsupported here")
+		}
 		for _, addr := range tg.Forbidden {
 			host, port, _ := strings.Cut(addr, ":")
 			mustFail(t, sb, "reaching "+addr, "timeout 5 bash -c 'exec 3<>/dev/tcp/"+host+"/"+port+"'")

@@ -9,18 +9,20 @@ package local
 //     own, kept across its execs), and its work tree and home read-write at
 //     their own paths (the harnesses key conversations by directory). Of
 //     HANGAR_HOME and other sandboxes it holds nothing;
-//   - pid, ipc, uts and cgroup namespaces: it sees only the processes of its
-//     exec, and the cgroup it was started in (clone3 into the sandbox's,
-//     cgroup.go) is the root of its cgroup tree; no cgroupfs is mounted;
-//   - a user namespace in which it is uid sandboxUID, with no capabilities,
-//     no_new_privs and no further user namespaces (--disable-userns);
+//   - the sandbox's user and pid namespaces, made once by its holder: it
+//     sees only the sandbox's processes, as uid sandboxUID, with no
+//     capabilities, no_new_privs and no further user namespaces;
+//   - ipc, uts and cgroup namespaces of its own: the cgroup it was started
+//     in (clone3 into the sandbox's, cgroup.go) is the root of its cgroup
+//     view; no cgroupfs is mounted;
 //   - the network namespace it is started in: the host's (egress full) or
 //     the sandbox's own, whose only way out is the gateway relay (netns.go);
 //   - an environment built from nothing (Sandbox.env), never hangar's.
 // bwrap is used rather than an OCI runtime (crun, runc) because it needs no
-// bundle, no state directory and no daemon: one exec per process, ~2 ms,
-// and it joins the network namespace and cgroup the driver already made.
-// The mounts are all made in jail.args: one place to add a bind.
+// bundle, no state directory and no daemon: one exec per process, and it
+// joins the network namespace and cgroup the driver already made. The
+// mounts are all made here: the system's in newJail, a sandbox's own in
+// jail.args; one place to add a bind.
 
 import (
 	"bufio"
