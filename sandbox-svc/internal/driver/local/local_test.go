@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/drivertest"
@@ -233,4 +234,24 @@ func TestInstallDirs(t *testing.T) {
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("InstallDirs = %v, want %v", got, want)
 	}
+}
+
+// A sandbox that kills the process holding its namespaces (and with it all
+// its processes) gets new ones with its next command.
+func TestSandboxOutlivesItsHolder(t *testing.T) {
+	repo, _ := drivertest.NewRepo(t, map[string]string{"a": "b"})
+	d := newDriver(t, local.Gateway{})
+	sb, err := d.Create(context.Background(), driver.Spec{ID: "holder", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	// The holder's cat is pid 2 (bwrap's init is 1).
+	if out, _, _ := drivertest.Run1(t, sb, driver.ExecRequest{Argv: []string{"sh", "-c", "cat /proc/2/comm; kill -9 2"}}); out != "cat\n" {
+		t.Fatalf("pid 2 is %q, want the holder's cat", out)
+	}
+	drivertest.WaitFor(t, 10*time.Second, "a command to run after the holder died", func() bool {
+		out, _, st := drivertest.Run1(t, sb, driver.ExecRequest{Argv: []string{"cat", "a"}})
+		return st.Code == 0 && out == "b"
+	})
 }
