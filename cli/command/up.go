@@ -66,6 +66,12 @@ func printStack(streams Streams, s *up.Stack) {
 	if s.OfflineModel != "" {
 		fmt.Fprintf(w, "  model   offline (scripted upstream at %s; set HANGAR_ANTHROPIC_API_KEY or HANGAR_OPENAI_API_KEY for a real one)\n", s.OfflineModel)
 	}
+	switch s.SandboxIsolation {
+	case "none":
+		fmt.Fprintf(w, "  sandbox isolation OFF (HANGAR_SANDBOX_ISOLATION=none): agents run as this user and can read its files, hangar's token and keys\n")
+	case "unavailable":
+		fmt.Fprintf(w, "  sandbox isolation UNAVAILABLE: no sandbox will start (install bubblewrap and allow user namespaces, or set HANGAR_SANDBOX_ISOLATION=none)\n")
+	}
 	fmt.Fprintf(w, "\n")
 	for _, e := range s.Services {
 		fmt.Fprintf(w, "  %-15s %s\n", e.Name, e.Addr)

@@ -96,7 +96,18 @@ func newHangarProcess(t *testing.T, vars ...string) *hangarProcess {
 			t.Errorf("processes left running in hangar's sandboxes after it stopped (killed now): %v", left)
 		}
 		if t.Failed() {
-			t.Logf("hangar's log: %s", h.log.Name())
+			// The data directory goes with the test: show its warnings.
+			b, _ := os.ReadFile(h.log.Name())
+			var lines []string
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+					lines = append(lines, line)
+				}
+			}
+			if len(lines) > 80 {
+				lines = lines[len(lines)-80:]
+			}
+			t.Logf("hangar's warnings and errors:\n%s", strings.Join(lines, "\n"))
 		}
 	})
 	return h

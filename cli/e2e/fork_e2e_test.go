@@ -35,8 +35,12 @@ const forkOwnCmd = `basename "$(dirname "$PWD")" > fork.txt && echo fork-done`
 
 // forkScript answers each CLI with its own shell tool. The slow task waits
 // until the file named by release exists.
-func forkScript(release string) scripted.Script {
-	slow := fmt.Sprintf(`while [ ! -e %q ]; do sleep 0.05; done; echo slow-done`, release)
+// forkSlowCmd waits for release.flag in the work tree (the sandbox sees
+// nothing of the test's files).
+const forkSlowCmd = `while [ ! -e release.flag ]; do sleep 0.05; done; echo slow-done`
+
+func forkScript() scripted.Script {
+	slow := forkSlowCmd
 	var rules []scripted.Rule
 	rules = append(rules, scripted.Rule{Name: "done", LastIsToolResult: scripted.Bool(true), Answer: scripted.Answer{Text: "Done with the task."}})
 	rules = append(rules, shellRules("first task", forkFirstCmd)...)
@@ -45,17 +49,14 @@ func forkScript(release string) scripted.Script {
 	return scripted.Script{Rules: rules, Default: &scripted.Answer{Text: "OK."}}
 }
 
-// forkStack is hangar with the scripted upstream and the real CLIs;
-// creating the file release ends the slow task.
+// forkStack is hangar with the scripted upstream and the real CLIs.
 type forkStack struct {
 	*stack
-	release string
 }
 
 func forkStart(t testing.TB, vars map[string]string) *forkStack {
 	t.Helper()
-	release := filepath.Join(t.TempDir(), "release")
-	script := forkScript(release)
+	script := forkScript()
 	all := map[string]string{
 		// Forks hold back for the first sibling's answer; no need here.
 		"HANGAR_CACHE_STAGGER_SECONDS": "0",
@@ -65,7 +66,7 @@ func forkStart(t testing.TB, vars map[string]string) *forkStack {
 	}
 	s := startStack(t, stackOptions{script: &script, vars: all})
 	s.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
-	return &forkStack{stack: s, release: release}
+	return &forkStack{stack: s}
 }
 
 // parent makes a session with one completed turn of edits.
@@ -294,9 +295,18 @@ func TestForkRefusals(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "mid-turn") {
 		t.Errorf("fork of a mid-turn parent: %v, want FailedPrecondition saying it is mid-turn", err)
 	}
-	if err := os.WriteFile(s.release, nil, 0o644); err != nil {
-		t.Fatal(err)
+	// The slow task waits for release.flag in its work tree.
+	sandboxID := ""
+	for deadline := time.Now().Add(time.Minute); sandboxID == ""; <-time.After(20 * time.Millisecond) {
+		busy, err := s.sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: "busy"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sandboxID = busy.GetSession().GetSandboxId(); sandboxID == "" && time.Now().After(deadline) {
+			t.Fatal("the busy session never got a sandbox")
+		}
 	}
+	s.mustExec(t, sandboxID, "touch release.flag")
 	if turn := s.waitTurn(t, "busy", 1); turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 		t.Fatalf("slow turn: %v (%s)", turn.GetOutcome(), turn.GetOutcomeReason())
 	}
@@ -427,8 +437,17 @@ func forkWaitJob(t testing.TB, s *forkStack, id string) *sessionv1.Job {
 // for changes since its checkpoint, the first fork's sandbox is created
 // (clone) and restored, and the other forks get copies of it. ns/op is
 // the four forks together.
+//
+// It runs with the sandboxes isolated (bubblewrap) and not, to show what
+// isolation costs.
 func BenchmarkForkFanOut(b *testing.B) {
-	s := forkStart(b, nil)
+	for _, iso := range []string{"bwrap", "none"} {
+		b.Run("isolation="+iso, func(b *testing.B) { benchmarkForkFanOut(b, iso) })
+	}
+}
+
+func benchmarkForkFanOut(b *testing.B, isolation string) {
+	s := forkStart(b, map[string]string{"HANGAR_SANDBOX_ISOLATION": isolation})
 	ctx := context.Background()
 	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "fan", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE}); err != nil {
 		b.Fatal(err)

@@ -82,6 +82,10 @@ type Stack struct {
 	// HANGAR_REDIS_URL is set). It requires the password in
 	// HANGAR_HOME/redis.password.
 	EmbeddedRedis string
+	// SandboxIsolation is how sandboxes are isolated: "bwrap", "none" (the
+	// operator opted out: HANGAR_SANDBOX_ISOLATION=none) or "unavailable"
+	// (bubblewrap cannot run here: sandboxes do not start).
+	SandboxIsolation string
 
 	done chan struct{}
 	err  error
@@ -308,6 +312,9 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 			return fail(fmt.Errorf("%s: %w", spec.name, err))
 		}
 		apps = append(apps, a)
+		if iso, ok := a.(interface{ Isolation() string }); ok {
+			stack.SandboxIsolation = iso.Isolation()
+		}
 		for _, name := range spec.grpcServices {
 			routes["/"+name+"/"] = a.Handler()
 		}

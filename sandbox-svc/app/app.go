@@ -19,6 +19,7 @@ import (
 	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/platform/redisconn"
 	"github.com/hangar-dev/hangar/platform/service"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/server"
 )
 
@@ -56,6 +57,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		KeyPrefix:   server.DefaultKeyPrefix,
 		GatewayAddr: cfg.GatewayAddr,
 		CopyFiles:   cfg.Copies == "files",
+		Isolation:   isolation(cfg.Isolation),
+		ReadOnlyPaths: append(local.InstallDirs(local.SandboxPath, cfg.ClaudeBin, cfg.CodexBin, cfg.PiBin, cfg.PiNodeBinDir),
+			cfg.ReadOnlyPaths...),
 	})
 	if err != nil {
 		_ = redis.Close()
@@ -80,6 +84,18 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	}
 	return &App{svc: svc, sandboxes: sandboxes, redis: redis}, nil
 }
+
+func isolation(name string) local.Isolation {
+	if name == "none" {
+		return local.IsolationNone
+	}
+	return local.IsolationBwrap
+}
+
+// Isolation names how sandboxes are isolated: "bwrap", "none" (the
+// operator opted out) or "unavailable" (bwrap cannot run here: no sandbox
+// starts). `hangar up` shows it.
+func (a *App) Isolation() string { return a.sandboxes.Isolation() }
 
 // Handler serves gRPC and REST in-process (for a front door).
 func (a *App) Handler() http.Handler { return a.svc.Handler() }

@@ -24,6 +24,21 @@ type Config struct {
 	// shares the files until one is written (needs root and overlayfs; it
 	// copies files where it can't mount), files copies every file.
 	Copies string `env:"HANGAR_SANDBOX_COPIES" flag:"copies" default:"overlay" oneof:"overlay|files" help:"how a sandbox is copied for forks: overlay or files"`
+	// Isolation is how the local driver isolates sandboxes: bwrap
+	// (bubblewrap namespaces; without it no sandbox starts) or none (the
+	// operator's explicit opt-out: sandboxes see this machine as the
+	// service's user does).
+	Isolation string `env:"HANGAR_SANDBOX_ISOLATION" flag:"isolation" default:"bwrap" oneof:"bwrap|none" help:"sandbox isolation: bwrap, or none to run sandboxes unisolated"`
+	// ReadOnlyPaths are more host paths sandboxes see read-only (besides
+	// the system and the agent CLIs' install directories).
+	ReadOnlyPaths []string `env:"HANGAR_SANDBOX_READONLY_PATHS" flag:"readonly-paths" help:"comma-separated host paths sandboxes see read-only"`
+	// The agent CLIs sandboxes run (session-svc's settings of the same
+	// names): their install directories are bound read-only into every
+	// sandbox.
+	ClaudeBin    string `env:"HANGAR_CLAUDE_BIN" flag:"claude-bin" default:"claude" help:"Claude Code binary in sandboxes (its install directory is bound read-only)"`
+	CodexBin     string `env:"HANGAR_CODEX_BIN" flag:"codex-bin" default:"codex" help:"Codex binary in sandboxes (its install directory is bound read-only)"`
+	PiBin        string `env:"HANGAR_PI_BIN" flag:"pi-bin" default:"pi" help:"pi binary in sandboxes (its install directory is bound read-only)"`
+	PiNodeBinDir string `env:"HANGAR_PI_NODE_BIN_DIR" flag:"pi-node-bin-dir" help:"directory of the Node for pi (bound read-only)"`
 }
 
 // LoadConfig reads the configuration from args and the environment.

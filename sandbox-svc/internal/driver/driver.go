@@ -32,6 +32,9 @@ var (
 	ErrEgressUnsupported = errors.New("egress none unsupported")
 	// ErrBusy: the sandbox runs a command (it can't be copied now).
 	ErrBusy = errors.New("sandbox busy")
+	// ErrIsolationUnavailable: the driver cannot isolate sandboxes here
+	// and the operator has not opted out of isolation.
+	ErrIsolationUnavailable = errors.New("sandbox isolation unavailable")
 )
 
 // Egress is what a sandbox's processes may reach.

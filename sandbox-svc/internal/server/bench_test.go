@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/server"
 )
 
 var (
@@ -101,17 +103,52 @@ func BenchmarkAcquire(b *testing.B) {
 	}
 }
 
+// isolations are the ways sandboxes run, for benchmarks that compare them.
+var isolations = []struct {
+	name string
+	iso  local.Isolation
+}{{"bwrap", local.IsolationBwrap}, {"none", local.IsolationNone}}
+
 func BenchmarkExecRoundTrip(b *testing.B) {
-	e := start(b, nil)
-	acq, err := e.client.AcquireSandbox(context.Background(), &sandboxv1.AcquireSandboxRequest{})
-	if err != nil {
-		b.Fatal(err)
+	for _, is := range isolations {
+		b.Run("isolation="+is.name, func(b *testing.B) {
+			e := start(b, func(d *server.Deps) { d.Isolation = is.iso })
+			acq, err := e.client.AcquireSandbox(context.Background(), &sandboxv1.AcquireSandboxRequest{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				r, err := execOnce(b, e.client, acq.GetSandbox().GetId(), acq.GetLease().GetFencingToken(), "", "true")
+				if err != nil || r.exit.GetExitCode() != 0 {
+					b.Fatal(r, err)
+				}
+			}
+		})
 	}
-	for b.Loop() {
-		r, err := execOnce(b, e.client, acq.GetSandbox().GetId(), acq.GetLease().GetFencingToken(), "", "true")
-		if err != nil || r.exit.GetExitCode() != 0 {
-			b.Fatal(r, err)
-		}
+}
+
+// BenchmarkCreateAndExec: a cold sandbox of a small repository (clone,
+// no setup), its first command (under isolation the one that makes its
+// namespaces) and its release.
+func BenchmarkCreateAndExec(b *testing.B) {
+	for _, is := range isolations {
+		b.Run("isolation="+is.name, func(b *testing.B) {
+			e := start(b, func(d *server.Deps) { d.Isolation = is.iso })
+			ctx := context.Background()
+			for b.Loop() {
+				acq, err := e.client.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{Cold: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				r, err := execOnce(b, e.client, acq.GetSandbox().GetId(), acq.GetLease().GetFencingToken(), "", "true")
+				if err != nil || r.exit.GetExitCode() != 0 {
+					b.Fatal(r, err)
+				}
+				if _, err := e.client.ReleaseSandbox(ctx, &sandboxv1.ReleaseSandboxRequest{SandboxId: acq.GetSandbox().GetId(), FencingToken: acq.GetLease().GetFencingToken()}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

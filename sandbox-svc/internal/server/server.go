@@ -57,6 +57,10 @@ type Deps struct {
 	// CopyFiles makes copies (copy_of) copy every file instead of sharing
 	// them by overlay.
 	CopyFiles bool
+	// Isolation of the sandboxes' processes (bubblewrap by default).
+	Isolation local.Isolation
+	// ReadOnlyPaths are host paths every sandbox sees read-only.
+	ReadOnlyPaths []string
 }
 
 // Defaults.
@@ -140,7 +144,10 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	drv, err := local.New(local.Options{Root: deps.Home, Gateway: local.ParseGateway(deps.GatewayAddr), Logger: deps.Logger, Now: deps.Now, CopyFiles: deps.CopyFiles})
+	drv, err := local.New(local.Options{
+		Root: deps.Home, Gateway: local.ParseGateway(deps.GatewayAddr), Logger: deps.Logger, Now: deps.Now, CopyFiles: deps.CopyFiles,
+		Isolation: deps.Isolation, ReadOnlyPaths: deps.ReadOnlyPaths,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -164,6 +171,9 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	go s.reapLoop()
 	return s, nil
 }
+
+// Isolation names how sandboxes are isolated (local.Driver.Isolation).
+func (s *Server) Isolation() string { return s.disk.Isolation() }
 
 // Close stops the background loops and destroys every sandbox (running the
 // destroy hooks with reason shutdown).
@@ -586,6 +596,9 @@ func createErr(env string, err error) error {
 	switch {
 	case errors.Is(err, driver.ErrInUse):
 		return fault.Wrap(fault.KindFailedPrecondition, "WORK_KEY_IN_USE", "the work key is in use by another live sandbox", err)
+	case errors.Is(err, driver.ErrIsolationUnavailable):
+		return fault.Wrap(fault.KindFailedPrecondition, "SANDBOX_ISOLATION_UNAVAILABLE",
+			"sandboxes cannot be isolated on this machine (bubblewrap missing or user namespaces disabled); install bubblewrap, or set HANGAR_SANDBOX_ISOLATION=none to run them unisolated", err)
 	case errors.Is(err, driver.ErrEgressUnsupported):
 		return fault.Wrap(fault.KindFailedPrecondition, "EGRESS_UNSUPPORTED", "egress none cannot be enforced on this machine (a network namespace needs root)", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

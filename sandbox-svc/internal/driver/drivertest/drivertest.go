@@ -215,10 +215,13 @@ func Run(t *testing.T, newDriver func(t *testing.T) driver.Driver) {
 			t.Fatalf("start the writer: %+v", st)
 		}
 		writer := strings.TrimSpace(out)
+		// Found by its command line, not its pid: under a pid namespace a
+		// later command may see another process at that number. The
+		// pattern is split so the search does not find itself.
 		alive := func() bool {
-			out, _, _ := Run1(t, sb, driver.ExecRequest{Argv: []string{"sh", "-c", "cat /proc/" + writer + "/stat 2>/dev/null | awk '{print $3}'"}})
-			state := strings.TrimSpace(out)
-			return state != "" && state != "Z"
+			out, _, _ := Run1(t, sb, driver.ExecRequest{Argv: []string{"sh", "-c",
+				`for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q ">> tick""s" && echo $p; done; true`}})
+			return strings.TrimSpace(out) != ""
 		}
 		WaitFor(t, 10*time.Second, "the detached writer to run", alive)
 		if err := killer.KillProcesses(context.Background()); err != nil {

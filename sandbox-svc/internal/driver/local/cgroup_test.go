@@ -33,7 +33,8 @@ func TestDestroyKillsEscapedProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pidFile := filepath.Join(t.TempDir(), "pid")
+	// In the work tree: the sandbox sees nothing else of the host's.
+	pidFile := filepath.Join(sb.Info().WorkDir, "pid")
 	var stderr bytes.Buffer
 	p, err := sb.Exec(ctx, driver.ExecRequest{Argv: []string{"sh", "-c",
 		`setsid sh -c 'echo $$ > "$1"; while :; do sleep 0.05; done' sh "$1" </dev/null >/dev/null 2>&1 &`, "sh", pidFile}, Stderr: &stderr})
@@ -49,6 +50,8 @@ func TestDestroyKillsEscapedProcesses(t *testing.T) {
 		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 		return err == nil && pid > 0
 	})
+	// The pid it wrote is its own pid namespace's.
+	pid = hostPid(t, sb.(*Sandbox).cg.dir, pid)
 	if !alive(pid) {
 		t.Fatalf("the escaped shell %d is not running", pid)
 	}
@@ -57,6 +60,34 @@ func TestDestroyKillsEscapedProcesses(t *testing.T) {
 	}
 	// Gone, or a zombie waiting for init to reap it.
 	waitUntil(t, "the escaped shell to die", func() bool { return !alive(pid) })
+}
+
+// hostPid returns the pid, in this process's pid namespace, of the
+// process in cgroup dir whose pid in its own namespace is nspid (itself
+// without isolation).
+func hostPid(t *testing.T, dir string, nspid int) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(b)) {
+		status, err := os.ReadFile("/proc/" + f + "/status")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if ids, ok := strings.CutPrefix(line, "NSpid:"); ok {
+				fs := strings.Fields(ids)
+				if len(fs) > 0 && fs[len(fs)-1] == strconv.Itoa(nspid) {
+					pid, _ := strconv.Atoi(f)
+					return pid
+				}
+			}
+		}
+	}
+	t.Fatalf("no process of pid %d in %s", nspid, dir)
+	return 0
 }
 
 // alive says whether pid runs (exists and is not a zombie).

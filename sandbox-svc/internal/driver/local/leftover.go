@@ -136,6 +136,9 @@ func (d *Driver) RemoveLeftover(lo Leftover) (bool, error) {
 // Close releases the sandboxes directory. Live sandboxes are not touched:
 // destroy them first.
 func (d *Driver) Close() error {
+	// A child between fork and exec shares the lock's open file: let
+	// the background starts finish so the lock is free once Close returns.
+	d.starting.Wait()
 	d.mu.Lock()
 	f := d.lock
 	d.lock = nil

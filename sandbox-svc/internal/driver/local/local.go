@@ -36,6 +36,11 @@ type Options struct {
 	// CopyFiles makes Copy copy every file even where it could mount an
 	// overlay (see overlay.go).
 	CopyFiles bool
+	// Isolation of the sandboxes' processes (isolation.go).
+	Isolation Isolation
+	// ReadOnlyPaths are host paths every sandbox sees read-only at the same
+	// path (the agent CLIs' install directories, see InstallDirs).
+	ReadOnlyPaths []string
 }
 
 // Driver is the local driver.
@@ -48,6 +53,9 @@ type Driver struct {
 	layers    map[string]*layer   // layers in use, by directory
 	noOverlay bool                // an overlay mount failed: copies copy files
 	cgroups   *cgroupTree         // nil where cgroups can't be made
+	jail      *jail               // nil with IsolationNone or when bwrap can't run
+	jailErr   error               // why jail is nil under IsolationBwrap
+	starting  sync.WaitGroup      // holders starting in the background (Close waits)
 	lock      *os.File            // flock on the sandboxes directory; nil after Close
 }
 
@@ -76,7 +84,34 @@ func New(opts Options) (*Driver, error) {
 	if err := d.sweepLayers(); err != nil {
 		opts.Logger.Warn("unused sandbox layers not removed", "error", err)
 	}
+	// Every /tmp there is an earlier process's sandbox's.
+	if err := removeAll(filepath.Join(dir, tmpsDir)); err != nil {
+		opts.Logger.Warn("old sandbox tmp directories not removed", "error", err)
+	}
+	switch opts.Isolation {
+	case IsolationBwrap:
+		closeInheritedOnExec()
+		d.jail, d.jailErr = newJail(opts.Root, opts.ReadOnlyPaths)
+		if d.jailErr != nil {
+			opts.Logger.Error("sandboxes cannot be isolated: none will be created (HANGAR_SANDBOX_ISOLATION=none runs them without isolation)", "error", d.jailErr)
+		}
+	case IsolationNone:
+		opts.Logger.Warn("sandbox isolation is off (HANGAR_SANDBOX_ISOLATION=none): sandboxes run as this service's user, see its files, processes and environment")
+	}
 	return d, nil
+}
+
+// Isolation names how sandboxes are isolated: "bwrap", "none" (the
+// operator's choice) or "unavailable" (bwrap can't run: no sandbox is
+// created).
+func (d *Driver) Isolation() string {
+	switch {
+	case d.opts.Isolation == IsolationNone:
+		return "none"
+	case d.jail == nil:
+		return "unavailable"
+	}
+	return "bwrap"
 }
 
 // Name returns "local".
@@ -186,6 +221,9 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, l *layer, fill fu
 	if spec.ID == "" {
 		return nil, errors.New("local driver: spec.ID is required")
 	}
+	if d.opts.Isolation == IsolationBwrap && d.jail == nil {
+		return nil, d.errIsolation()
+	}
 	key := spec.WorkKey
 	if key == "" {
 		key = spec.ID
@@ -254,6 +292,16 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, l *layer, fill fu
 			}
 			sb.relay = startRelay(ln, gw, d.opts.Logger)
 		}
+	}
+	if d.jail != nil {
+		// The sandbox's namespaces are made while it is filled (clone,
+		// copy); its first process waits for them. An error here is the
+		// first process's to report.
+		d.starting.Add(1)
+		go func() {
+			defer d.starting.Done()
+			_, _ = sb.namespaces()
+		}()
 	}
 	if err := fill(sb); err != nil {
 		return nil, err

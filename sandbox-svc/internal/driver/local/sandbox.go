@@ -31,6 +31,11 @@ type Sandbox struct {
 	baseCommit string
 	createdAt  time.Time
 
+	// holdMu guards hold: the process holding the sandbox's namespaces
+	// (isolation.go); nil until its first process, or without isolation.
+	holdMu sync.Mutex
+	hold   *holder
+
 	// layerMu guards layer: the read-only layer this sandbox's work tree
 	// and home are overlays of (overlay.go); nil for plain directories.
 	layerMu sync.Mutex
@@ -96,21 +101,33 @@ func (sb *Sandbox) Info() driver.Info {
 	}
 }
 
+// SandboxPath is a sandbox's PATH under isolation: the system's
+// directories (the only ones it sees besides its own and the agent CLIs',
+// which come by full path or on the exec's PATH).
+const SandboxPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// env is a process's whole environment, built from nothing: a fixed base,
+// the sandbox's (its environment's declared variables) and extra (the exec
+// request's, e.g. the run token). Nothing of this service's environment
+// enters a sandbox, isolated or not, save its PATH without isolation.
 func (sb *Sandbox) env(extra map[string]string) []string {
 	m := map[string]string{
-		"PATH":                os.Getenv("PATH"),
+		"PATH":                SandboxPath,
 		"HOME":                sb.homeDir(),
 		"USER":                "hangar",
 		"LOGNAME":             "hangar",
 		"SHELL":               "/bin/sh",
 		"LANG":                "C.UTF-8",
-		"TMPDIR":              os.TempDir(),
+		"TMPDIR":              "/tmp",
 		"HANGAR_SANDBOX_ID":   sb.spec.ID,
 		"HANGAR_WORK_DIR":     sb.workDir(),
 		"GIT_TERMINAL_PROMPT": "0",
 	}
-	if m["PATH"] == "" {
-		m["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+	if sb.d.jail == nil {
+		m["TMPDIR"] = os.TempDir()
+		if p := os.Getenv("PATH"); p != "" {
+			m["PATH"] = p
+		}
 	}
 	if _, err := os.Stat("/bin/bash"); err == nil {
 		m["SHELL"] = "/bin/bash"
@@ -178,6 +195,12 @@ func (sb *Sandbox) begin() error {
 	}
 	sb.running++
 	return nil
+}
+
+func (sb *Sandbox) isDestroyed() bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.destroyed
 }
 
 func (sb *Sandbox) end() {
@@ -254,9 +277,18 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, gua
 		}
 		return exited{driver.ExitStatus{Code: code}}, nil
 	}
-	cmd := exec.Command(path, req.Argv[1:]...)
-	cmd.Args[0] = req.Argv[0]
-	cmd.Dir = dir
+	var cmd *exec.Cmd
+	var infoR *os.File // bwrap's report of the sandbox's process group
+	if sb.d.jail != nil {
+		if cmd, infoR, err = sb.jailed(path, req.Argv[1:], dir, true); err != nil {
+			done()
+			return nil, err
+		}
+	} else {
+		cmd = exec.Command(path, req.Argv[1:]...)
+		cmd.Args[0] = req.Argv[0]
+		cmd.Dir = dir
+	}
 	cmd.Env = env
 	cmd.SysProcAttr = sb.inCgroup(&syscall.SysProcAttr{Setpgid: true})
 	cmd.Stdout, cmd.Stderr = req.Stdout, req.Stderr
@@ -278,32 +310,54 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, gua
 	if f, ok := cmd.Stdin.(*os.File); ok {
 		f.Close()
 	}
+	for _, f := range cmd.ExtraFiles {
+		f.Close()
+	}
 	if err != nil {
 		if stdinW != nil {
 			stdinW.Close()
 		}
+		if infoR != nil {
+			infoR.Close()
+		}
 		done()
 		return nil, fmt.Errorf("start %s: %w", req.Argv[0], err)
 	}
+	// groups are killed on cancel: bwrap's, and under bwrap the sandbox
+	// process's own session, which signals go to (bwrap itself would die
+	// of them at once, before the process it runs).
 	pgid := cmd.Process.Pid
+	groups := []int{pgid}
 	sb.trackGroup(pgid)
+	if infoR != nil {
+		if child := readChildPid(infoR); child > 0 {
+			pgid = child
+			groups = append(groups, child)
+			sb.trackGroup(child)
+		}
+		infoR.Close()
+	}
 	if stdinW != nil {
 		go func() {
 			_, _ = io.Copy(stdinW, req.Stdin)
 			stdinW.Close()
 		}()
 	}
-	p := &process{cmd: cmd, pgid: pgid, waited: make(chan struct{})}
+	p := &process{cmd: cmd, pgid: pgid, jailed: infoR != nil, waited: make(chan struct{})}
 	go func() {
 		select {
 		case <-ctx.Done():
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			for _, g := range groups {
+				_ = syscall.Kill(-g, syscall.SIGKILL)
+			}
 		case <-p.waited:
 		}
 	}()
 	go func() {
 		p.err = cmd.Wait()
-		sb.untrackGroupIfEmpty(pgid)
+		for _, g := range groups {
+			sb.untrackGroupIfEmpty(g)
+		}
 		if stdinW != nil {
 			stdinW.Close()
 		}
@@ -313,14 +367,32 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, gua
 	return p, nil
 }
 
+// awaitSession waits (a while) until pid leads its own process group, as
+// bwrap makes it (--new-session) once the sandbox is set up and just
+// before it runs the command (till then it is in bwrap's group, which
+// cancel kills too): a signal to the group reaches it from then on.
+func awaitSession(pid int) {
+	deadline := time.Now().Add(5 * time.Second)
+	for wait := 50 * time.Microsecond; time.Now().Before(deadline); wait = min(2*wait, time.Millisecond) {
+		pgid, err := syscall.Getpgid(pid)
+		if err != nil || pgid == pid {
+			return
+		}
+		time.Sleep(wait)
+	}
+}
+
 type exited struct{ st driver.ExitStatus }
 
 func (e exited) Signal(os.Signal) error           { return nil }
 func (e exited) Wait() (driver.ExitStatus, error) { return e.st, nil }
 
 type process struct {
-	cmd    *exec.Cmd
-	pgid   int
+	cmd  *exec.Cmd
+	pgid int
+	// jailed: the process ran under bwrap, which reports a death by signal
+	// N as exit code 128+N.
+	jailed bool
 	waited chan struct{}
 	err    error
 }
@@ -331,6 +403,12 @@ func (p *process) Signal(sig os.Signal) error {
 		return fmt.Errorf("unsupported signal %v", sig)
 	}
 	err := syscall.Kill(-p.pgid, s)
+	if errors.Is(err, syscall.ESRCH) && p.jailed {
+		// Its session may not be made yet (bwrap sets the sandbox up
+		// first).
+		awaitSession(p.pgid)
+		err = syscall.Kill(-p.pgid, s)
+	}
 	if errors.Is(err, syscall.ESRCH) {
 		return nil
 	}
@@ -339,16 +417,24 @@ func (p *process) Signal(sig os.Signal) error {
 
 func (p *process) Wait() (driver.ExitStatus, error) {
 	<-p.waited
-	return exitStatus(p.cmd.ProcessState, p.err)
+	return exitStatus(p.cmd.ProcessState, p.err, p.jailed)
 }
 
-func exitStatus(ps *os.ProcessState, waitErr error) (driver.ExitStatus, error) {
+// exitStatus describes how ps ended. jailed: it is bwrap's, which exits
+// 128+N when the process it ran died of signal N; that is taken for the
+// signal (as a shell would: a process that exits 130 itself reads as INT).
+func exitStatus(ps *os.ProcessState, waitErr error, jailed bool) (driver.ExitStatus, error) {
 	if ps == nil {
 		return driver.ExitStatus{}, waitErr
 	}
 	ws, _ := ps.Sys().(syscall.WaitStatus)
 	if ws.Signaled() {
 		return driver.ExitStatus{Code: 128 + int(ws.Signal()), Signal: SignalName(ws.Signal())}, nil
+	}
+	if code := ps.ExitCode(); jailed && code > 128 && code < 128+65 {
+		if name := SignalName(syscall.Signal(code - 128)); name != "" {
+			return driver.ExitStatus{Code: code, Signal: name}, nil
+		}
 	}
 	// An ExitError or ErrWaitDelay after the process exited is not a
 	// failure of the exec itself.
@@ -402,9 +488,23 @@ func (sb *Sandbox) Terminal(ctx context.Context, req driver.TerminalRequest) (dr
 		sb.end()
 		return nil, fmt.Errorf("terminal %s: %w", argv[0], err)
 	}
-	cmd := exec.Command(path, argv[1:]...)
-	cmd.Args[0] = argv[0]
-	cmd.Dir = sb.workDir()
+	var cmd *exec.Cmd
+	var infoR *os.File
+	attr := &syscall.SysProcAttr{Setsid: true, Setctty: true}
+	if j := sb.d.jail; j != nil {
+		// The session, and the pty as its controlling terminal, are made
+		// inside (setsid -c): a shell there sets the terminal's process
+		// group to its own, which must be visible in its pid namespace.
+		if cmd, infoR, err = sb.jailed(j.setsid, append([]string{"-c", "--", path}, argv[1:]...), sb.workDir(), false); err != nil {
+			sb.end()
+			return nil, err
+		}
+		attr = &syscall.SysProcAttr{Setpgid: true}
+	} else {
+		cmd = exec.Command(path, argv[1:]...)
+		cmd.Args[0] = argv[0]
+		cmd.Dir = sb.workDir()
+	}
 	cmd.Env = env
 	size := &pty.Winsize{Rows: req.Rows, Cols: req.Cols}
 	if size.Rows == 0 || size.Cols == 0 {
@@ -413,7 +513,7 @@ func (sb *Sandbox) Terminal(ctx context.Context, req driver.TerminalRequest) (dr
 	var ptmx *os.File
 	startFn := func() error {
 		var err error
-		ptmx, err = pty.StartWithAttrs(cmd, size, sb.inCgroup(&syscall.SysProcAttr{Setsid: true, Setctty: true}))
+		ptmx, err = pty.StartWithAttrs(cmd, size, sb.inCgroup(attr))
 		return err
 	}
 	if sb.ns != nil {
@@ -421,16 +521,32 @@ func (sb *Sandbox) Terminal(ctx context.Context, req driver.TerminalRequest) (dr
 	} else {
 		err = startFn()
 	}
+	for _, f := range cmd.ExtraFiles {
+		f.Close()
+	}
 	if err != nil {
+		if infoR != nil {
+			infoR.Close()
+		}
 		sb.end()
 		return nil, fmt.Errorf("terminal start: %w", err)
 	}
-	pgid := cmd.Process.Pid
-	sb.trackGroup(pgid)
-	t := &terminal{ptmx: ptmx, cmd: cmd, pgid: pgid, waited: make(chan struct{})}
+	groups := []int{cmd.Process.Pid}
+	if infoR != nil {
+		if child := readChildPid(infoR); child > 0 {
+			groups = append(groups, child)
+		}
+		infoR.Close()
+	}
+	for _, g := range groups {
+		sb.trackGroup(g)
+	}
+	t := &terminal{ptmx: ptmx, cmd: cmd, groups: groups, jailed: sb.d.jail != nil, waited: make(chan struct{})}
 	go func() {
 		t.err = cmd.Wait()
-		sb.untrackGroupIfEmpty(pgid)
+		for _, g := range groups {
+			sb.untrackGroupIfEmpty(g)
+		}
 		sb.end()
 		close(t.waited)
 	}()
@@ -438,9 +554,11 @@ func (sb *Sandbox) Terminal(ctx context.Context, req driver.TerminalRequest) (dr
 }
 
 type terminal struct {
-	ptmx   *os.File
-	cmd    *exec.Cmd
-	pgid   int
+	ptmx *os.File
+	cmd  *exec.Cmd
+	// groups are its process group and, under bwrap, bwrap's.
+	groups []int
+	jailed bool
 	waited chan struct{}
 	err    error
 	once   sync.Once
@@ -463,11 +581,13 @@ func (t *terminal) Resize(rows, cols uint16) error {
 
 func (t *terminal) Wait() (driver.ExitStatus, error) {
 	<-t.waited
-	return exitStatus(t.cmd.ProcessState, t.err)
+	return exitStatus(t.cmd.ProcessState, t.err, t.jailed)
 }
 
 func (t *terminal) Kill() error {
-	_ = syscall.Kill(-t.pgid, syscall.SIGKILL)
+	for _, g := range t.groups {
+		_ = syscall.Kill(-g, syscall.SIGKILL)
+	}
 	var err error
 	t.once.Do(func() { err = t.ptmx.Close() })
 	return err
@@ -551,6 +671,8 @@ func (sb *Sandbox) teardown() error {
 	for _, g := range groups {
 		_ = syscall.Kill(-g, syscall.SIGKILL)
 	}
+	// The holder's end ends every process in the sandbox's pid namespace.
+	sb.stopHolder()
 	var cgErr error
 	if sb.cg != nil {
 		// And whatever left its group.
@@ -569,6 +691,9 @@ func (sb *Sandbox) teardown() error {
 	err := cgErr
 	if dir != "" {
 		err = errors.Join(err, removeAll(dir))
+	}
+	if sb.d != nil && sb.spec.ID != "" {
+		err = errors.Join(err, removeAll(sb.tmpDir()))
 	}
 	if l != nil {
 		err = errors.Join(err, removeAll(sb.d.upperOf(key)), sb.d.releaseLayer(l))
