@@ -219,6 +219,11 @@ func (sb *Sandbox) trackGroup(pgid int) {
 // cgroup where it has one (detached processes too), else every process
 // group started here. The sandbox stays usable.
 func (sb *Sandbox) KillProcesses(ctx context.Context) error {
+	// Under isolation the namespace holder goes first, and with it every
+	// process in the sandbox's pid namespace; waiting for it means the
+	// next command makes new namespaces rather than trying to join the
+	// dead ones (bwrap: "Can't fork for --pidns").
+	sb.stopHolder()
 	if sb.cg != nil {
 		return sb.cg.killProcesses(ctx)
 	}
