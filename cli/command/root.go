@@ -13,6 +13,9 @@ type Streams struct {
 	In  io.Reader
 	Out io.Writer
 	Err io.Writer
+	// Dir is the working directory commands resolve paths and the current
+	// git repository against; "" is the process's.
+	Dir string
 }
 
 // Root builds the `hangar` command tree. lookupEnv reads the environment

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -184,6 +185,37 @@ func (f *sessionTurnFlags) schemaJSON() (string, error) {
 	return string(b), nil
 }
 
+// sessionRepoArg reads --repo: a directory here is sent as the absolute
+// top level of its git repository (or the absolute directory), anything
+// else as a URL.
+func sessionRepoArg(ctx context.Context, dir, repo string) string {
+	p := repo
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(dir, p)
+	}
+	if st, err := os.Stat(p); err != nil || !st.IsDir() {
+		return repo
+	}
+	if top, err := sessionGitTop(ctx, p); err == nil {
+		return top
+	}
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
+}
+
+// sessionGitTop is the top level of the git repository holding dir.
+func sessionGitTop(ctx context.Context, dir string) (string, error) {
+	cmd := exec.CommandContext(ctx, "git", "rev-parse", "--show-toplevel")
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
 // sessionUnwrapPathErr drops the path an *os.PathError repeats.
 func sessionUnwrapPathErr(err error) error {
 	var pe *os.PathError
@@ -269,17 +301,28 @@ func sessionNewCommand(streams Streams, lookupEnv func(string) (string, bool)) *
 			default:
 				return fmt.Errorf("--approvals %q: want never or ask", approval)
 			}
+			dir := streams.Dir
+			if dir == "" {
+				dir = "."
+			}
 			if fromLocal {
-				if req.FromLocal, err = sessionLocalWork(cmd.Context(), "."); err != nil {
+				if req.FromLocal, err = sessionLocalWork(cmd.Context(), dir); err != nil {
 					return err
 				}
+			}
+			switch {
+			case repo != "":
+				req.Repo = sessionRepoArg(cmd.Context(), dir, repo)
+			case env == "":
+				// The repository you are in, when hangar can read it.
+				req.WorkingRepository, _ = sessionGitTop(cmd.Context(), dir)
 			}
 			return sessionRunE(lookupEnv, func(ctx context.Context, c sessionv1.SessionServiceClient, _ []string) error {
 				resp, err := c.CreateSession(ctx, req)
 				if err != nil {
 					return sessionCallErr(err)
 				}
-				sessionWriteCreated(streams.Out, resp.GetSession(), resp.GetTurn())
+				sessionWriteCreated(streams.Out, resp)
 				if tf.wait && resp.GetTurn() != nil {
 					return sessionWaitForTurn(ctx, c, streams, resp.GetSession().GetName(), resp.GetTurn().GetNumber())
 				}
@@ -288,8 +331,8 @@ func sessionNewCommand(streams Streams, lookupEnv func(string) (string, bool)) *
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVarP(&env, "environment", "e", "", "environment to run in (the server's default, local, when unset)")
-	fl.StringVar(&repo, "repo", "", "repository URL instead of the environment's")
+	fl.StringVarP(&env, "environment", "e", "", "environment to run in (default local, on the git repository you run this in)")
+	fl.StringVar(&repo, "repo", "", "repository PATH or URL instead of the environment's (an ad-hoc environment)")
 	fl.StringVar(&branch, "branch", "", "session branch (default hangar/session/NAME)")
 	fl.Int32Var(&idle, "idle", 0, "minutes idle before suspending; 0 = never (default HANGAR_SESSION_IDLE_MINUTES)")
 	fl.StringVar(&model, "model", "", "model the harness runs")

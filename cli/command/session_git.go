@@ -116,6 +116,14 @@ func sessionPullCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 				if work.GetHeadCommit() == "" && work.GetBaseCommit() == "" {
 					return fmt.Errorf("session %s has no work to pull yet: it has not run", name)
 				}
+				// A session knows its base from creation on: one that never
+				// booted has nothing to pull either.
+				if work.GetHeadCommit() == work.GetBaseCommit() && len(work.GetDiff()) == 0 && len(work.GetGitBundle()) == 0 && len(work.GetGitBundles()) == 0 {
+					if got, err := c.GetSession(ctx, &sessionv1.GetSessionRequest{Name: name}); err == nil &&
+						got.GetSession().GetSandboxId() == "" && len(got.GetSession().GetCheckpoints()) == 0 {
+						return fmt.Errorf("session %s has no work to pull yet: it has not run", name)
+					}
+				}
 				return sessionPullFromWork(ctx, g, streams.Out, work, branch, checkout)
 			})(cmd, args)
 		},

@@ -91,9 +91,9 @@ func TestSessionCLIWithoutTurns(t *testing.T) {
 	sessionCLIWant(t, "an empty list", s.ok(t, "session", "list"), "no sessions yet")
 
 	out := s.ok(t, "session", "new", "onb-1", "-e", "e2e")
-	sessionCLIWant(t, "session new", out, "created session onb-1: claude on environment e2e, branch hangar/session/onb-1", "hangar session send onb-1 MESSAGE")
+	sessionCLIWant(t, "session new", out, "created session onb-1 on "+s.repo+" at ", " (environment e2e): claude, branch hangar/session/onb-1", "hangar session send onb-1 MESSAGE")
 	out = s.ok(t, "session", "new", "second", "-e", "e2e", "--harness", "codex", "--idle", "45", "--branch", "feature/x", "--max-cost", "2.5")
-	sessionCLIWant(t, "session new with flags", out, "created session second: codex on environment e2e, branch feature/x")
+	sessionCLIWant(t, "session new with flags", out, "created session second on "+s.repo+" at ", " (environment e2e): codex, branch feature/x")
 
 	s.fails(t, `session "onb-1" already exists`, "session", "new", "onb-1", "-e", "e2e")
 	s.fails(t, `session name "Bad_Name" must be a DNS label`, "session", "new", "Bad_Name", "-e", "e2e")

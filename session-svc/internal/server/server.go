@@ -73,7 +73,7 @@ func attachmentsFrom(in []*sessionv1.Attachment) []sessions.Attachment {
 // CreateSession implements session new.
 func (s *Sessions) CreateSession(ctx context.Context, req *sessionv1.CreateSessionRequest) (*sessionv1.CreateSessionResponse, error) {
 	n := sessions.NewSession{
-		Name: req.GetName(), Environment: req.GetEnvironment(), Repo: req.GetRepo(),
+		Name: req.GetName(), Environment: req.GetEnvironment(), Repo: req.GetRepo(), WorkingRepository: req.GetWorkingRepository(),
 		Harness: harnessName(req.GetHarness()), Branch: req.GetBranch(),
 		Model: req.GetModel(), CacheTTL: req.GetCacheTtl(), HarnessLock: req.GetHarnessLock(),
 		Budget: budgetFrom(req.GetBudget()),
@@ -100,7 +100,11 @@ func (s *Sessions) CreateSession(ctx context.Context, req *sessionv1.CreateSessi
 	if err != nil {
 		return nil, err
 	}
-	return &sessionv1.CreateSessionResponse{Session: out, Turn: turnProto(turn)}, nil
+	repo, err := s.m.Repository(ctx, sess)
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.CreateSessionResponse{Session: out, Turn: turnProto(turn), Repository: repo, BaseCommit: sess.BaseCommit}, nil
 }
 
 // ListSessions implements session list: most recently active first.

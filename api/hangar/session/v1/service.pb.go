@@ -46,11 +46,16 @@ type CreateSessionRequest struct {
 	FromLocal *LocalWork   `protobuf:"bytes,11,opt,name=from_local,json=fromLocal,proto3" json:"from_local,omitempty"`
 	Approvals ApprovalMode `protobuf:"varint,12,opt,name=approvals,proto3,enum=hangar.session.v1.ApprovalMode" json:"approvals,omitempty"`
 	// harness thaw NAME@REV: start from a harness lock.
-	HarnessLock   string `protobuf:"bytes,13,opt,name=harness_lock,json=harnessLock,proto3" json:"harness_lock,omitempty"`
-	CacheTtl      string `protobuf:"bytes,14,opt,name=cache_ttl,json=cacheTtl,proto3" json:"cache_ttl,omitempty"`
-	Model         string `protobuf:"bytes,15,opt,name=model,proto3" json:"model,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HarnessLock string `protobuf:"bytes,13,opt,name=harness_lock,json=harnessLock,proto3" json:"harness_lock,omitempty"`
+	CacheTtl    string `protobuf:"bytes,14,opt,name=cache_ttl,json=cacheTtl,proto3" json:"cache_ttl,omitempty"`
+	Model       string `protobuf:"bytes,15,opt,name=model,proto3" json:"model,omitempty"`
+	// The top level of the git repository the CLI runs in, sent when neither
+	// -e nor --repo is given: the session works on it when the server can
+	// reach that path (else it says how to pass the repository), and on the
+	// default environment's own when it is the same repository.
+	WorkingRepository string `protobuf:"bytes,16,opt,name=working_repository,json=workingRepository,proto3" json:"working_repository,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *CreateSessionRequest) Reset() {
@@ -188,11 +193,23 @@ func (x *CreateSessionRequest) GetModel() string {
 	return ""
 }
 
+func (x *CreateSessionRequest) GetWorkingRepository() string {
+	if x != nil {
+		return x.WorkingRepository
+	}
+	return ""
+}
+
 type CreateSessionResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Session *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	// The first turn, when a message was given.
-	Turn          *Turn `protobuf:"bytes,2,opt,name=turn,proto3" json:"turn,omitempty"`
+	Turn *Turn `protobuf:"bytes,2,opt,name=turn,proto3" json:"turn,omitempty"`
+	// The repository the session works on: its --repo, else its
+	// environment's.
+	Repository string `protobuf:"bytes,3,opt,name=repository,proto3" json:"repository,omitempty"`
+	// The commit the session's branch starts from (pinned at creation).
+	BaseCommit    string `protobuf:"bytes,4,opt,name=base_commit,json=baseCommit,proto3" json:"base_commit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -239,6 +256,20 @@ func (x *CreateSessionResponse) GetTurn() *Turn {
 		return x.Turn
 	}
 	return nil
+}
+
+func (x *CreateSessionResponse) GetRepository() string {
+	if x != nil {
+		return x.Repository
+	}
+	return ""
+}
+
+func (x *CreateSessionResponse) GetBaseCommit() string {
+	if x != nil {
+		return x.BaseCommit
+	}
+	return ""
 }
 
 type ListSessionsRequest struct {
@@ -3058,7 +3089,7 @@ var File_hangar_session_v1_service_proto protoreflect.FileDescriptor
 
 const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1fhangar/session/v1/service.proto\x12\x11hangar.session.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fhangar/session/v1/message.proto\"\xf5\x04\n" +
+	"\x1fhangar/session/v1/service.proto\x12\x11hangar.session.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fhangar/session/v1/message.proto\"\xa4\x05\n" +
 	"\x14CreateSessionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\venvironment\x18\x02 \x01(\tR\venvironment\x12\x12\n" +
@@ -3076,11 +3107,17 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\tapprovals\x18\f \x01(\x0e2\x1f.hangar.session.v1.ApprovalModeR\tapprovals\x12!\n" +
 	"\fharness_lock\x18\r \x01(\tR\vharnessLock\x12\x1b\n" +
 	"\tcache_ttl\x18\x0e \x01(\tR\bcacheTtl\x12\x14\n" +
-	"\x05model\x18\x0f \x01(\tR\x05modelB\x0f\n" +
-	"\r_idle_minutes\"z\n" +
+	"\x05model\x18\x0f \x01(\tR\x05model\x12-\n" +
+	"\x12working_repository\x18\x10 \x01(\tR\x11workingRepositoryB\x0f\n" +
+	"\r_idle_minutes\"\xbb\x01\n" +
 	"\x15CreateSessionResponse\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.hangar.session.v1.SessionR\asession\x12+\n" +
-	"\x04turn\x18\x02 \x01(\v2\x17.hangar.session.v1.TurnR\x04turn\"\xa7\x01\n" +
+	"\x04turn\x18\x02 \x01(\v2\x17.hangar.session.v1.TurnR\x04turn\x12\x1e\n" +
+	"\n" +
+	"repository\x18\x03 \x01(\tR\n" +
+	"repository\x12\x1f\n" +
+	"\vbase_commit\x18\x04 \x01(\tR\n" +
+	"baseCommit\"\xa7\x01\n" +
 	"\x13ListSessionsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -96,7 +97,7 @@ func (sb *Sandbox) Info() driver.Info {
 	}
 }
 
-func (sb *Sandbox) env(extra map[string]string) []string {
+func (sb *Sandbox) env(extra map[string]string, pathPrepend ...string) []string {
 	m := map[string]string{
 		"PATH":                os.Getenv("PATH"),
 		"HOME":                sb.homeDir(),
@@ -123,6 +124,9 @@ func (sb *Sandbox) env(extra map[string]string) []string {
 	}
 	for k, v := range extra {
 		m[k] = v
+	}
+	if len(pathPrepend) > 0 {
+		m["PATH"] = strings.Join(append(slices.Clone(pathPrepend), m["PATH"]), string(filepath.ListSeparator))
 	}
 	out := make([]string, 0, len(m))
 	for k, v := range m {
@@ -221,7 +225,7 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, gua
 		done()
 		return nil, err
 	}
-	env := sb.env(req.Env)
+	env := sb.env(req.Env, req.PathPrepend...)
 	path, err := lookPath(req.Argv[0], dir, env)
 	if err != nil {
 		done()

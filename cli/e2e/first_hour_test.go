@@ -1,0 +1,86 @@
+package e2e_test
+
+// A newcomer's first hour (issue 14), against the real stack: the CLI runs
+// in a repository other than the one `hangar up` started in.
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
+)
+
+// TestFirstHourRightRepository: `session new` without -e works on the
+// repository the CLI runs in and says which, at which commit; --repo takes
+// a path or a URL; a repository hangar cannot read is refused with what to
+// pass instead.
+func TestFirstHourRightRepository(t *testing.T) {
+	s := sessionCLIStart(t)
+	ctx := context.Background()
+	mine := gitRepo(t, map[string]string{"MINE.md": "mine\n", "sub/x.txt": "x\n"})
+	mineCommit := sessionCLIGit(t, mine, "rev-parse", "HEAD")
+	if real, err := filepath.EvalSymlinks(mine); err == nil {
+		mine = real
+	}
+
+	out, errOut, err := s.runIn(t, filepath.Join(mine, "sub"), "", "session", "new", "here")
+	if err != nil {
+		t.Fatalf("session new from another repository: %v\n%s%s", err, out, errOut)
+	}
+	first := strings.SplitN(out, "\n", 2)[0]
+	if want := "created session here on " + mine + " at " + mineCommit[:12] + " (environment local)"; !strings.HasPrefix(first, want) {
+		t.Errorf("first line %q, want it to start %q", first, want)
+	}
+	got := s.get(t, "here")
+	if got.GetRepo() != mine || got.GetBaseCommit() != mineCommit {
+		t.Errorf("session repo %q base %q, want %q at %s", got.GetRepo(), got.GetBaseCommit(), mine, mineCommit)
+	}
+	out, errOut, err = s.runIn(t, mine, "", "session", "open", "here")
+	if err != nil {
+		t.Fatalf("session open: %v\n%s%s", err, out, errOut)
+	}
+	sb := s.get(t, "here").GetSandboxId()
+	if got := s.mustExec(t, sb, "cat MINE.md; git rev-parse HEAD; git branch --show-current"); got != "mine\n"+mineCommit+"\nhangar/session/here\n" {
+		t.Errorf("the sandbox of a session made in %s holds:\n%s", mine, got)
+	}
+
+	// --repo: a relative path, and a URL.
+	other := gitRepo(t, map[string]string{"OTHER.md": "other\n"})
+	otherCommit := sessionCLIGit(t, other, "rev-parse", "HEAD")
+	out, _, err = s.runIn(t, filepath.Dir(other), "", "session", "new", "by-path", "-e", "e2e", "--repo", filepath.Base(other))
+	if err != nil || !strings.Contains(out, " at "+otherCommit[:12]+" (environment e2e)") {
+		t.Errorf("session new --repo RELATIVE: %v\n%s", err, out)
+	}
+	out, _, err = s.runIn(t, mine, "", "session", "new", "by-url", "--repo", "file://"+other)
+	if err != nil || !strings.Contains(out, "on file://"+other+" at "+otherCommit[:12]) {
+		t.Errorf("session new --repo URL: %v\n%s", err, out)
+	}
+	if got := s.get(t, "by-url"); got.GetRepo() != "file://"+other || got.GetBaseCommit() != otherCommit {
+		t.Errorf("session by-url: repo %q base %q", got.GetRepo(), got.GetBaseCommit())
+	}
+	s.fails(t, "is not a directory on hangar's machine", "session", "new", "bad-path", "--repo", filepath.Join(other, "gone"))
+
+	// -e alone is the environment's repository, wherever the CLI runs.
+	out, _, err = s.runIn(t, mine, "", "session", "new", "env-only", "-e", "e2e")
+	if err != nil || !strings.Contains(out, "on "+s.repo+" at ") {
+		t.Errorf("session new -e e2e from another repository: %v\n%s", err, out)
+	}
+
+	// Run where hangar up runs: the plain local environment, no override.
+	out, _, err = s.run(t, "", "session", "new", "same-repo")
+	if err != nil || s.get(t, "same-repo").GetRepo() != "" {
+		t.Errorf("session new in hangar's own repository: %v, repo %q\n%s", err, s.get(t, "same-repo").GetRepo(), out)
+	}
+
+	// A path the server cannot read (the CLI on another machine).
+	_, err = s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "elsewhere", WorkingRepository: "/no/such/checkout"})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "hangar cannot read /no/such/checkout, the repository you ran this in") ||
+		!strings.Contains(status.Convert(err).Message(), "pass --repo with a git URL it can clone, or -e ENV") {
+		t.Errorf("an unreadable working repository: %v", err)
+	}
+}
