@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -13,6 +14,7 @@ import (
 	"github.com/hangar-dev/hangar/cli/up"
 	"github.com/hangar-dev/hangar/platform/config"
 	"github.com/hangar-dev/hangar/platform/logging"
+	sessionapp "github.com/hangar-dev/hangar/session-svc/app"
 )
 
 func upCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
@@ -53,6 +55,28 @@ Ctrl-C stops it. Every flag has a HANGAR_* variable (see -h).`,
 	}
 }
 
+// writeAgentCLIs lists each agent CLI with its version, or how to get it.
+func writeAgentCLIs(w io.Writer, clis []sessionapp.AgentCLI) {
+	for i, c := range clis {
+		label := "  agents  "
+		if i > 0 {
+			label = "          "
+		}
+		switch {
+		case c.Path == "":
+			fmt.Fprintf(w, "%s%-11s not found (%s): %s\n", label, c.Harness, c.Binary, c.Hint)
+		case c.Version == "":
+			fmt.Fprintf(w, "%s%-11s %s, but `%s --version` failed", label, c.Harness, c.Path, filepath.Base(c.Path))
+			if c.Note != "" {
+				fmt.Fprintf(w, ": %s", c.Note)
+			}
+			fmt.Fprintln(w)
+		default:
+			fmt.Fprintf(w, "%s%-11s %s  %s\n", label, c.Harness, c.Version, c.Path)
+		}
+	}
+}
+
 func printStack(streams Streams, s *up.Stack) {
 	w := streams.Out
 	fmt.Fprintf(w, "hangar is up\n\n")
@@ -66,6 +90,7 @@ func printStack(streams Streams, s *up.Stack) {
 	if s.OfflineModel != "" {
 		fmt.Fprintf(w, "  model   offline (scripted upstream at %s; set HANGAR_ANTHROPIC_API_KEY or HANGAR_OPENAI_API_KEY for a real one)\n", s.OfflineModel)
 	}
+	writeAgentCLIs(w, s.AgentCLIs)
 	fmt.Fprintf(w, "\n")
 	for _, e := range s.Services {
 		fmt.Fprintf(w, "  %-15s %s\n", e.Name, e.Addr)

@@ -5,6 +5,7 @@ package e2e_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,7 +13,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
+	"github.com/hangar-dev/hangar/gateway-svc/scripted"
 )
 
 // TestFirstHourRightRepository: `session new` without -e works on the
@@ -82,5 +85,43 @@ func TestFirstHourRightRepository(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "hangar cannot read /no/such/checkout, the repository you ran this in") ||
 		!strings.Contains(status.Convert(err).Message(), "pass --repo with a git URL it can clone, or -e ENV") {
 		t.Errorf("an unreadable working repository: %v", err)
+	}
+}
+
+// TestFirstHourAgentCLIOnPath: a turn finds the agent CLI on the PATH
+// hangar up runs with (no HANGAR_CLAUDE_BIN path); a CLI that is nowhere
+// fails the turn with its name and what to run, and leaves no
+// resume_command behind.
+func TestFirstHourAgentCLIOnPath(t *testing.T) {
+	dir := os.Getenv("HANGAR_HARNESS_DIR")
+	if dir == "" {
+		t.Skip("HANGAR_HARNESS_DIR is unset: run .ci/install-harnesses and set it to use the real agent CLIs")
+	}
+	t.Setenv("PATH", filepath.Dir(filepath.Join(dir, harnessClaude))+string(filepath.ListSeparator)+os.Getenv("PATH"))
+	script := scripted.Script{Default: &scripted.Answer{Text: "Done."}}
+	s := &sessionCLIStack{stack: startStack(t, stackOptions{script: &script, vars: map[string]string{
+		"HANGAR_CLAUDE_BIN": "claude", "HANGAR_CODEX_BIN": "codex-not-installed-here",
+	}}), repo: gitRepo(t, nil)}
+	s.applyEnvironment(t, "e2e", s.repo, 0, sandboxv1.Egress_EGRESS_UNSPECIFIED)
+
+	out := s.ok(t, "session", "new", "on-path", "hello", "-e", "e2e", "-w")
+	sessionCLIWant(t, "a turn of claude found on PATH", out, "turn 1 completed")
+	if got := s.get(t, "on-path"); !strings.HasPrefix(got.GetResumeCommand(), "claude --resume ") {
+		t.Errorf("after a completed turn: resume_command %q", got.GetResumeCommand())
+	}
+
+	out, _, err := s.run(t, "", "session", "new", "missing", "hello", "-e", "e2e", "--harness", "codex", "-w")
+	if err == nil {
+		t.Errorf("a turn whose CLI is missing succeeded:\n%s", out)
+	}
+	sessionCLIWant(t, "a turn whose CLI is missing", out, "turn 1 failed",
+		`the codex CLI is not installed: "codex-not-installed-here" on the PATH hangar up runs with was not found`,
+		"npm install -g @openai/codex, or set HANGAR_CODEX_BIN to its path")
+	got := s.get(t, "missing")
+	if got.GetConversationId() != "" || got.GetResumeCommand() != "" {
+		t.Errorf("a conversation that never started: conversation %q, resume_command %q", got.GetConversationId(), got.GetResumeCommand())
+	}
+	if out := s.ok(t, "session", "get", "missing"); strings.Contains(out, "resume") && strings.Contains(out, "codex exec resume") {
+		t.Errorf("session get shows a resume command for a conversation that never started:\n%s", out)
 	}
 }

@@ -75,6 +75,8 @@ type Stack struct {
 	// OfflineModel is the URL of the scripted upstream the gateway uses when
 	// no model credentials are set (empty when a real upstream is set).
 	OfflineModel string
+	// AgentCLIs are the agent CLIs turns would run, found or not.
+	AgentCLIs []sessionapp.AgentCLI
 
 	group *errgroup.Group
 }
@@ -303,6 +305,9 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 	})
 	if err != nil {
 		return fail(err)
+	}
+	if sessionCfg, err := sessionapp.LoadConfig(nil, nil, env); err == nil {
+		stack.AgentCLIs = sessionapp.FindAgentCLIs(ctx, sessionCfg)
 	}
 	if err := os.WriteFile(filepath.Join(cfg.Home, "endpoint"), []byte(stack.URL+"\n"), 0o600); err != nil {
 		return fail(fmt.Errorf("HANGAR_HOME=%s: cannot write the endpoint file: %w", cfg.Home, err))

@@ -42,6 +42,7 @@ func TestLookup(t *testing.T) {
 type goldenInvocation struct {
 	Argv           []string
 	Env            map[string]string
+	PathPrepend    []string     `json:",omitempty"`
 	Files          []goldenFile `json:",omitempty"`
 	Cwd            string
 	ConversationID string
@@ -55,7 +56,7 @@ type goldenFile struct {
 
 func render(t *testing.T, inv harness.Invocation) []byte {
 	t.Helper()
-	g := goldenInvocation{Argv: inv.Argv, Env: inv.Env, Cwd: inv.Cwd, ConversationID: inv.ConversationID}
+	g := goldenInvocation{Argv: inv.Argv, Env: inv.Env, PathPrepend: inv.PathPrepend, Cwd: inv.Cwd, ConversationID: inv.ConversationID}
 	for _, f := range inv.Files {
 		g.Files = append(g.Files, goldenFile{Path: f.Path, Mode: "0" + strconvOct(f.Mode), Content: strings.Split(string(f.Content), "\n")})
 	}
