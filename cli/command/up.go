@@ -13,7 +13,6 @@ import (
 
 	"github.com/hangar-dev/hangar/cli/up"
 	"github.com/hangar-dev/hangar/platform/config"
-	"github.com/hangar-dev/hangar/platform/logging"
 	sessionapp "github.com/hangar-dev/hangar/session-svc/app"
 )
 
@@ -24,7 +23,11 @@ func upCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Co
 		Long: `Run all five hangar services in this process on loopback: data under
 HANGAR_HOME (~/.hangar), an embedded Redis unless HANGAR_REDIS_URL is set,
 SQLite unless HANGAR_DATABASE_URL is set. Prints the URL and token clients use;
-Ctrl-C stops it. Every flag has a HANGAR_* variable (see -h).`,
+Ctrl-C stops it. Every flag has a HANGAR_* variable (see -h).
+
+The terminal shows warnings and errors (-v: every record at the log level);
+the full log goes to HANGAR_HOME/logs/hangar.log (the previous start's is
+hangar.log.1).`,
 		// The flags are the typed config's own (std flag, with HANGAR_* names).
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -44,13 +47,31 @@ Ctrl-C stops it. Every flag has a HANGAR_* variable (see -h).`,
 			if fs.NArg() > 0 {
 				return fmt.Errorf("hangar up takes no arguments, got %q", strings.Join(fs.Args(), " "))
 			}
-			logger := logging.New(streams.Err, cfg.LogLevel, cfg.LogFormat)
-			stack, err := up.Start(cmd.Context(), cfg, lookupEnv, logger)
+			log, err := openUpLog(cfg.Home, cfg.LogLevel, cfg.LogFormat, cfg.Verbose, streams.Err)
+			if err != nil {
+				return err
+			}
+			defer log.close()
+			stack, err := up.Start(cmd.Context(), cfg, lookupEnv, log.logger)
 			if err != nil {
 				return err
 			}
 			printStack(streams, stack)
-			return stack.Wait()
+			stopped := make(chan struct{})
+			go func() {
+				select {
+				case <-cmd.Context().Done():
+					log.stopping()
+				case <-stopped:
+				}
+			}()
+			err = stack.Wait()
+			close(stopped)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(streams.Err, "hangar stopped")
+			return nil
 		},
 	}
 }

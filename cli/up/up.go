@@ -49,6 +49,9 @@ type Config struct {
 	config.Common
 	// Addr is the front door: the one URL clients use.
 	Addr string `env:"HANGAR_ADDR" flag:"addr" default:"127.0.0.1:7400" help:"host:port of the front door (HANGAR_URL for clients)"`
+	// Verbose shows every record at the log level on the terminal, not
+	// only warnings and errors (the log file has them all either way).
+	Verbose bool `env:"HANGAR_VERBOSE" flag:"v" help:"show every log record on the terminal, not only warnings and errors"`
 
 	// SessionClock drives the session service's idle clock (tests); zero
 	// means real time.
