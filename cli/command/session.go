@@ -576,7 +576,7 @@ func sessionArchiveCommand(streams Streams, lookupEnv func(string) (string, bool
 // sessionWriteStateLine prints "session NAME is STATE: REASON".
 func sessionWriteStateLine(w io.Writer, s *sessionv1.Session) {
 	fmt.Fprintf(w, "session %s is %s", s.GetName(), sessionStateLabel(s.GetState()))
-	if s.GetStateReason() != "" {
+	if s.GetStateReason() != "" && s.GetStateReason() != sessionStateLabel(s.GetState()) {
 		fmt.Fprintf(w, ": %s", sessionOneLine(s.GetStateReason()))
 	}
 	fmt.Fprintln(w)

@@ -5,6 +5,8 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +17,7 @@ import (
 
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
+	"github.com/hangar-dev/hangar/cli/command"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
 )
 
@@ -123,5 +126,82 @@ func TestFirstHourAgentCLIOnPath(t *testing.T) {
 	}
 	if out := s.ok(t, "session", "get", "missing"); strings.Contains(out, "resume") && strings.Contains(out, "codex exec resume") {
 		t.Errorf("session get shows a resume command for a conversation that never started:\n%s", out)
+	}
+}
+
+// TestFirstHourMessages: errors a newcomer meets say what to do.
+func TestFirstHourMessages(t *testing.T) {
+	dir := os.Getenv("HANGAR_HARNESS_DIR")
+	if dir == "" {
+		t.Skip("HANGAR_HARNESS_DIR is unset: run .ci/install-harnesses and set it to use the real agent CLIs")
+	}
+	script := scripted.Script{Default: &scripted.Answer{Text: "Done."}}
+	s := &sessionCLIStack{stack: startStack(t, stackOptions{script: &script}), repo: gitRepo(t, nil)}
+	s.applyEnvironment(t, "e2e", s.repo, 0, sandboxv1.Egress_EGRESS_UNSPECIFIED)
+
+	// A stopped hangar, through the endpoint file a previous start left.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := "http://" + ln.Addr().String()
+	ln.Close()
+	home := t.TempDir()
+	if err := os.WriteFile(filepath.Join(home, "endpoint"), []byte(stale+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(home, "token"), []byte("old-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := &stack{env: map[string]string{"HANGAR_HOME": home}}
+	_, _, err = elsewhere.run(t, "", "session", "list")
+	if want := "hangar at " + stale + " (from " + filepath.Join(home, "endpoint") + ") is not running: start it with `hangar up`"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("a stopped hangar: %v, want %q", err, want)
+	}
+	// A wrong token from the data directory.
+	elsewhere.env["HANGAR_URL"] = s.env["HANGAR_URL"]
+	_, _, err = elsewhere.run(t, "", "session", "list")
+	if want := "refused the token from " + filepath.Join(home, "token") + ": use the one its `hangar up` printed"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("a wrong token: %v, want %q", err, want)
+	}
+	_, _, err = elsewhere.run(t, "", "session", "events", "x", "--follow")
+	if err == nil || !strings.Contains(err.Error(), "refused the token") {
+		t.Errorf("a wrong token on a stream: %v", err)
+	}
+
+	// Over budget: what was crossed, not the CLI's "Failed to authenticate".
+	out, _, err := s.run(t, "", "session", "new", "tight", "hello", "-e", "e2e", "--max-tokens", "10", "-w")
+	var exit *command.ExitError
+	if !errors.As(err, &exit) || exit.Code != 2 {
+		t.Errorf("an over-budget turn: %v, want exit 2", err)
+	}
+	sessionCLIWant(t, "an over-budget turn", out, "turn 1 over_budget", "turn stopped: over its budget of 10 tokens (used ")
+	if end := out[strings.LastIndex(out, "turn 1 over_budget"):]; strings.Contains(end, "Failed to authenticate") {
+		t.Errorf("the over-budget turn's end shows the CLI's refusal:\n%s", end)
+	}
+
+	// events --turn N of a turn that does not exist.
+	s.fails(t, `session "tight" has no turn 99: it has 1 turn`, "session", "events", "tight", "--turn", "99")
+	s.fails(t, `session "tight" has no turn 2: it has 1 turn`, "session", "artifacts", "tight", "--turn", "2")
+
+	// pull, then pull --checkout: the second finds the first's branch.
+	s.ok(t, "session", "new", "work", "-e", "e2e")
+	s.ok(t, "session", "open", "work")
+	s.mustExec(t, s.get(t, "work").GetSandboxId(), "echo changed > tracked.txt && git add tracked.txt && git commit -qm one && echo more >> tracked.txt")
+	local := t.TempDir()
+	sessionCLIGit(t, local, "clone", "-q", s.repo, ".")
+	sessionCLIWant(t, "pull", s.ok(t, "session", "pull", "work", "-C", local), "fetched the session's commits")
+	out = s.ok(t, "session", "pull", "work", "-C", local, "--checkout")
+	sessionCLIWant(t, "pull --checkout after pull", out, "branch hangar/work is already at the session's", "switched to hangar/work", "applied its uncommitted changes")
+	if got := sessionCLIGit(t, local, "show", ":tracked.txt"); got != "changed" {
+		t.Errorf("hangar/work's tracked.txt = %q", got)
+	}
+
+	// patch of an archived session.
+	s.ok(t, "session", "archive", "tight")
+	s.fails(t, `session "tight" is archived: its checkpoints, and so its work, are gone`, "session", "patch", "tight")
+	out = s.ok(t, "session", "archive", "work")
+	if strings.Contains(out, "archived: archived") {
+		t.Errorf("archive repeats itself: %q", out)
 	}
 }

@@ -298,6 +298,9 @@ func (s *Sessions) ListEvents(ctx context.Context, req *sessionv1.ListEventsRequ
 	if _, err := s.m.Get(ctx, req.GetName()); err != nil {
 		return nil, err
 	}
+	if err := s.turnExists(ctx, req.GetName(), int(req.GetTurn())); err != nil {
+		return nil, err
+	}
 	evs, err := s.store.ListEvents(ctx, req.GetName(), req.GetAfterSeq(), int(req.GetTurn()), int(req.GetPageSize()))
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", req.GetName(), err)
@@ -307,6 +310,30 @@ func (s *Sessions) ListEvents(ctx context.Context, req *sessionv1.ListEventsRequ
 		resp.Events = append(resp.Events, eventProto(e))
 	}
 	return resp, nil
+}
+
+// turnExists refuses a turn filter (--turn N, N > 0) naming a turn the
+// session does not have.
+func (s *Sessions) turnExists(ctx context.Context, name string, turn int) error {
+	if turn <= 0 {
+		return nil
+	}
+	turns, err := s.store.ListTurns(ctx, name)
+	if err != nil {
+		return fmt.Errorf("turns of %s: %w", name, err)
+	}
+	for _, t := range turns {
+		if t.Number == turn {
+			return nil
+		}
+	}
+	switch len(turns) {
+	case 0:
+		return fault.NotFound("TURN_NOT_FOUND", "session %q has no turn %d: it has not run a turn yet", name, turn)
+	case 1:
+		return fault.NotFound("TURN_NOT_FOUND", "session %q has no turn %d: it has 1 turn", name, turn)
+	}
+	return fault.NotFound("TURN_NOT_FOUND", "session %q has no turn %d: its turns are 1 to %d", name, turn, len(turns))
 }
 
 // StreamEvents implements session events --follow.
@@ -319,6 +346,9 @@ func (s *Sessions) StreamEvents(req *sessionv1.StreamEventsRequest, stream sessi
 // ListArtifacts implements session artifacts.
 func (s *Sessions) ListArtifacts(ctx context.Context, req *sessionv1.ListArtifactsRequest) (*sessionv1.ListArtifactsResponse, error) {
 	if _, err := s.m.Get(ctx, req.GetName()); err != nil {
+		return nil, err
+	}
+	if err := s.turnExists(ctx, req.GetName(), int(req.GetTurn())); err != nil {
 		return nil, err
 	}
 	arts, err := s.store.ListArtifacts(ctx, req.GetName(), int(req.GetTurn()))

@@ -255,6 +255,22 @@ func (m *Manager) Send(ctx context.Context, name string, in TurnInput) (*store.S
 	return s, turn, nil
 }
 
+// overBudgetReason says which budget a turn crossed, in the user's terms:
+// "turn stopped: over its budget of $0.50 (spent $0.62)". gateway is the
+// gateway's own reason, used when no limit of the budget was reached.
+func overBudgetReason(b store.Budget, u store.Usage, gateway string) string {
+	tokens := u.InputTokens + u.OutputTokens + u.CacheReadTokens + u.CacheWriteTokens
+	switch {
+	case b.MaxCostUSD > 0 && u.CostUSD >= b.MaxCostUSD:
+		return fmt.Sprintf("turn stopped: over its budget of $%.2f (spent $%.2f; --max-cost)", b.MaxCostUSD, u.CostUSD)
+	case b.MaxTokens > 0 && tokens >= b.MaxTokens:
+		return fmt.Sprintf("turn stopped: over its budget of %d tokens (used %d; --max-tokens)", b.MaxTokens, tokens)
+	case gateway != "":
+		return "turn stopped: over its budget: " + gateway
+	}
+	return "turn stopped: over its budget"
+}
+
 // turnResult is how a turn ended.
 type turnResult struct {
 	outcome, reason, text string
@@ -366,10 +382,10 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	message = withOutputSchema(message, in.OutputSchema)
 
 	limit := m.cfg.TurnTimeout
-	limitReason := "turn timeout"
+	limitReason := fmt.Sprintf("turn stopped: it ran longer than HANGAR_SESSION_TURN_TIMEOUT_MINUTES (%s)", limit)
 	if turn.Budget.MaxMinutes > 0 {
 		limit = time.Duration(turn.Budget.MaxMinutes) * time.Minute
-		limitReason = fmt.Sprintf("max_minutes %d exceeded", turn.Budget.MaxMinutes)
+		limitReason = fmt.Sprintf("turn stopped: over its budget of %d minutes (max_minutes)", turn.Budget.MaxMinutes)
 	}
 	cache := s.CacheTTL
 	if cache == "" {
@@ -483,7 +499,12 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 			res.outcome = "over_budget"
 		}
 	case gerr == nil && runNow.GetRun().GetState() == gatewayv1.RunState_RUN_STATE_OVER_BUDGET:
-		res.outcome, res.reason = "over_budget", runNow.GetRun().GetStateReason()
+		res.outcome, res.reason = "over_budget", overBudgetReason(turn.Budget, res.usage, runNow.GetRun().GetStateReason())
+		if result.IsError {
+			// The CLI's own account of the refusal ("Failed to
+			// authenticate. API Error: 403 ...") is no answer.
+			res.text = ""
+		}
 	case question != nil:
 		res.outcome, res.reason = "needs_input", "the agent asked a question"
 	case execErr != nil:
