@@ -100,7 +100,7 @@ func checkpointCommand(streams Streams, lookupEnv func(string) (string, bool)) *
 							return err
 						}
 						if resp.GetOk() {
-							fmt.Fprintf(streams.Out, "%s  ok  %d parts, %s\n", id, len(resp.GetCheckpoint().GetParts()), checkpointBytes(resp.GetCheckpoint().GetSizeBytes()))
+							fmt.Fprintf(streams.Out, "%s  ok  %d parts, %s\n", id, len(resp.GetCheckpoint().GetParts()), sessionSizeLabel(resp.GetCheckpoint().GetSizeBytes()))
 							continue
 						}
 						bad++
@@ -167,7 +167,7 @@ func checkpointPrintTable(w io.Writer, cps []*checkpointv1.Checkpoint) {
 	for _, cp := range cps {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\n", cp.GetId(),
 			cp.GetCreatedAt().AsTime().UTC().Format(time.DateTime), checkpointEnumName(cp.GetReason().String(), "CHECKPOINT_REASON_"),
-			cp.GetTurn(), checkpointShortHash(cp.GetHeadCommit()), checkpointBytes(cp.GetSizeBytes()), checkpointBytes(cp.GetStoredBytes()), len(cp.GetWarnings()))
+			cp.GetTurn(), checkpointShortHash(cp.GetHeadCommit()), sessionSizeLabel(cp.GetSizeBytes()), sessionSizeLabel(cp.GetStoredBytes()), len(cp.GetWarnings()))
 	}
 	tw.Flush()
 }
@@ -190,8 +190,8 @@ func checkpointPrint(w io.Writer, cp *checkpointv1.Checkpoint) {
 		{"base", cp.GetBaseCommit()},
 		{"head", cp.GetHeadCommit()},
 		{"tree", cp.GetTreeHash()},
-		{"size", checkpointBytes(cp.GetSizeBytes())},
-		{"stored", checkpointBytes(cp.GetStoredBytes())},
+		{"size", sessionSizeLabel(cp.GetSizeBytes())},
+		{"stored", sessionSizeLabel(cp.GetStoredBytes())},
 		{"previous", cp.GetPreviousCheckpoint()},
 		{"shared from", cp.GetSharedFrom()},
 	} {
@@ -208,7 +208,7 @@ func checkpointPrint(w io.Writer, cp *checkpointv1.Checkpoint) {
 		if p.GetSkipped() {
 			state = "skipped"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", checkpointEnumName(p.GetKind().String(), "PART_KIND_"), checkpointBytes(p.GetSizeBytes()), len(p.GetObjects()), state)
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", checkpointEnumName(p.GetKind().String(), "PART_KIND_"), sessionSizeLabel(p.GetSizeBytes()), len(p.GetObjects()), state)
 	}
 	tw.Flush()
 	for _, wn := range cp.GetWarnings() {
@@ -227,14 +227,3 @@ func checkpointShortHash(h string) string {
 	return h
 }
 
-func checkpointBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
-}

@@ -69,13 +69,33 @@ func environmentGetCommand(streams Streams, lookupEnv func(string) (string, bool
 				return err
 			}
 			defer done()
-			resp, err := sb.GetEnvironment(cmd.Context(), &sandboxv1.GetEnvironmentRequest{Name: args[0]})
+			resp, err := sb.GetEnvironment(cmd.Context(), &sandboxv1.GetEnvironmentRequest{Name: args[0], ResolveBase: true})
 			if err != nil {
 				return sandboxCallErr(err)
 			}
 			b, err := environmentEncode(resp.GetEnvironment(), output)
 			if err != nil {
 				return err
+			}
+			// Where the next session starts: a comment, so the YAML is
+			// still what env apply reads (on stderr beside JSON).
+			note := streams.Out
+			if output == "json" {
+				note = streams.Err
+			}
+			repo, base := resp.GetEnvironment().GetRepository(), resp.GetBaseCommit()
+			dir := streams.Dir
+			if dir == "" {
+				dir = "."
+			}
+			if top, err := sessionGitTop(cmd.Context(), dir); err == nil && args[0] == "local" && top != repo {
+				// session new without -e uses the repository it runs in.
+				if here, err := sb.GetEnvironment(cmd.Context(), &sandboxv1.GetEnvironmentRequest{Name: args[0], Repository: top}); err == nil {
+					repo, base = top, here.GetBaseCommit()
+				}
+			}
+			if base != "" {
+				fmt.Fprintf(note, "# the next session started here starts at %s of %s\n", sessionShortCommit(base), repo)
 			}
 			_, err = streams.Out.Write(b)
 			return err

@@ -60,7 +60,7 @@ func TestSessionBadInputIsOneLine(t *testing.T) {
 		{"steer with nothing", []string{"session", "steer", "a", " "}, "MESSAGE is empty"},
 		{"interrupt -w without a message", []string{"session", "interrupt", "a", "-w"}, "-w goes with a MESSAGE"},
 		{"pull outside a checkout", []string{"session", "pull", "a", "-C", t.TempDir()}, "is not a git checkout"},
-		{"no server", []string{"session", "get", "a"}, "connect"},
+		{"no server", []string{"session", "get", "a"}, "is not running: start it with `hangar up`"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := run(t, env, tc.args...)

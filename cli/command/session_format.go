@@ -146,6 +146,8 @@ func sessionCost(usd float64) string {
 	return fmt.Sprintf("$%.2f", usd)
 }
 
+// sessionSizeLabel is the one size unit every command prints: B, KB, MB,
+// GB of 1024 (the MB of HANGAR_SESSION_MAX_UNTRACKED_MB).
 func sessionSizeLabel(n int64) string {
 	switch {
 	case n < 1<<10:

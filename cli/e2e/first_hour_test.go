@@ -205,3 +205,51 @@ func TestFirstHourMessages(t *testing.T) {
 		t.Errorf("archive repeats itself: %q", out)
 	}
 }
+
+// TestFirstHourEnvGetShowsNextBase: env get says where the next session
+// starts (from where it is run), and its YAML still applies.
+func TestFirstHourEnvGetShowsNextBase(t *testing.T) {
+	s := sessionCLIStart(t)
+	mine := gitRepo(t, map[string]string{"MINE.md": "mine\n"})
+	mineCommit := sessionCLIGit(t, mine, "rev-parse", "HEAD")
+	if real, err := filepath.EvalSymlinks(mine); err == nil {
+		mine = real
+	}
+	out, _, err := s.runIn(t, mine, "", "env", "get", "local")
+	if want := "# the next session started here starts at " + mineCommit[:12] + " of " + mine + "\n"; err != nil || !strings.HasPrefix(out, want) {
+		t.Errorf("env get local from another repository: %v, want it to start %q:\n%s", err, want, out)
+	}
+	eCommit := sessionCLIGit(t, s.repo, "rev-parse", "HEAD")
+	out, _, err = s.runIn(t, mine, "", "env", "get", "e2e")
+	if want := "# the next session started here starts at " + eCommit[:12] + " of " + s.repo + "\n"; err != nil || !strings.HasPrefix(out, want) {
+		t.Errorf("env get e2e: %v, want it to start %q:\n%s", err, want, out)
+	}
+	if _, errOut, err := s.run(t, out, "env", "apply", "-f", "-"); err != nil {
+		t.Errorf("env get's YAML does not apply: %v %s", err, errOut)
+	}
+}
+
+// TestFirstHourForkNamesNeverRepeat: a second fork call numbers its forks
+// (names and branches) on from the first's.
+func TestFirstHourForkNamesNeverRepeat(t *testing.T) {
+	s := sessionCLIStart(t)
+	ctx := context.Background()
+	s.ok(t, "session", "new", "par", "-e", "e2e")
+	s.ok(t, "session", "open", "par")
+	for _, n := range []int32{2, 1} {
+		if _, err := s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: "par", N: n}); err != nil {
+			t.Fatalf("fork -n %d: %v", n, err)
+		}
+	}
+	if _, err := s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: "par", Names: []string{"mine"}}); err != nil {
+		t.Fatalf("fork --name mine: %v", err)
+	}
+	for name, branch := range map[string]string{
+		"par-fork-1": "hangar/session/par-fork-1", "par-fork-2": "hangar/session/par-fork-2",
+		"par-fork-3": "hangar/session/par-fork-3", "mine": "hangar/session/par-fork-4",
+	} {
+		if got := s.get(t, name); got.GetBranch() != branch || got.GetParentId() != "par" {
+			t.Errorf("fork %s: branch %q parent %q, want branch %q", name, got.GetBranch(), got.GetParentId(), branch)
+		}
+	}
+}

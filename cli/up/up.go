@@ -236,6 +236,7 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		cleanup = append(cleanup, model.close)
 		overlay["HANGAR_ANTHROPIC_URL"] = model.URL
 		overlay["HANGAR_OPENAI_URL"] = model.URL + "/v1"
+		overlay["HANGAR_MODEL_FREE"] = "true"
 	}
 	env := func(name string) (string, bool) {
 		if v, ok := overlay[name]; ok {
