@@ -226,4 +226,3 @@ func checkpointShortHash(h string) string {
 	}
 	return h
 }
-
