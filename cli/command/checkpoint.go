@@ -39,40 +39,8 @@ func checkpointCommand(streams Streams, lookupEnv func(string) (string, bool)) *
 		return checkpointRPCError(fn(ctx, checkpointv1.NewCheckpointServiceClient(conn)))
 	}
 	cmd.AddCommand(
-		&cobra.Command{
-			Use:   "list <session>",
-			Short: "List a session's checkpoints, newest first",
-			Args:  cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				return withClient(cmd, func(ctx context.Context, c checkpointv1.CheckpointServiceClient) error {
-					cps, err := checkpointListAll(ctx, c, args[0])
-					if err != nil {
-						return err
-					}
-					if len(cps) == 0 {
-						fmt.Fprintf(streams.Out, "session %s has no checkpoints\n", args[0])
-						return nil
-					}
-					checkpointPrintTable(streams.Out, cps)
-					return nil
-				})
-			},
-		},
-		&cobra.Command{
-			Use:   "get <checkpoint-id|session>",
-			Short: "Show a checkpoint (a session's newest when given a session)",
-			Args:  cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				return withClient(cmd, func(ctx context.Context, c checkpointv1.CheckpointServiceClient) error {
-					cp, err := checkpointResolve(ctx, c, args[0])
-					if err != nil {
-						return err
-					}
-					checkpointPrint(streams.Out, cp)
-					return nil
-				})
-			},
-		},
+		checkpointListCommand(streams, withClient),
+		checkpointGetCommand(streams, withClient),
 		&cobra.Command{
 			Use:   "verify <checkpoint-id|session>",
 			Short: "Decrypt and check every part of a checkpoint (all of a session's) without restoring",
@@ -225,4 +193,67 @@ func checkpointShortHash(h string) string {
 		return h[:12]
 	}
 	return h
+}
+
+type checkpointClientFunc func(cmd *cobra.Command, fn func(ctx context.Context, c checkpointv1.CheckpointServiceClient) error) error
+
+func checkpointListCommand(streams Streams, withClient checkpointClientFunc) *cobra.Command {
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "list SESSION",
+		Short: "List a session's checkpoints, newest first",
+		Example: `  hangar checkpoint list onboarding
+  hangar checkpoint list onboarding -o json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
+			return withClient(cmd, func(ctx context.Context, c checkpointv1.CheckpointServiceClient) error {
+				cps, err := checkpointListAll(ctx, c, args[0])
+				if err != nil {
+					return err
+				}
+				if !output.table() {
+					return writeMessage(streams.Out, output.value, &checkpointv1.ListCheckpointsResponse{Checkpoints: cps})
+				}
+				if len(cps) == 0 {
+					fmt.Fprintf(streams.Out, "session %s has no checkpoints\n", args[0])
+					return nil
+				}
+				checkpointPrintTable(streams.Out, cps)
+				return nil
+			})
+		},
+	}
+	output = addOutputFlag(cmd)
+	return cmd
+}
+
+func checkpointGetCommand(streams Streams, withClient checkpointClientFunc) *cobra.Command {
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "get CHECKPOINT_ID|SESSION",
+		Short: "Show a checkpoint (a session's newest when given a session)",
+		Example: `  hangar checkpoint get onboarding
+  hangar checkpoint get 'onboarding~20261201T101500Z-3f2a1b0c' -o yaml`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
+			return withClient(cmd, func(ctx context.Context, c checkpointv1.CheckpointServiceClient) error {
+				cp, err := checkpointResolve(ctx, c, args[0])
+				if err != nil {
+					return err
+				}
+				return output.write(streams.Out, cp, func() error {
+					checkpointPrint(streams.Out, cp)
+					return nil
+				})
+			})
+		},
+	}
+	output = addOutputFlag(cmd)
+	return cmd
 }

@@ -19,7 +19,7 @@ func jobCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.C
 		Use:   "job",
 		Short: "Jobs: best-of-N attempts on a prepared session, scored by a check",
 	}
-	cmd.AddCommand(jobRunCommand(streams, lookupEnv), jobGetCommand(streams, lookupEnv))
+	cmd.AddCommand(jobRunCommand(streams, lookupEnv), jobGetCommand(streams, lookupEnv), jobListCommand(streams, lookupEnv))
 	return cmd
 }
 
@@ -90,21 +90,84 @@ func jobRunCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobr
 }
 
 func jobGetCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
-	return &cobra.Command{
+	var output *outputFormat
+	cmd := &cobra.Command{
 		Use:   "get ID",
 		Short: "A job, its attempts and what it delivered",
-		Args:  sessionArgs(1, 1),
+		Example: `  hangar job get job-9c8d7e6f
+  hangar job get job-9c8d7e6f -o json`,
+		Args: sessionArgs(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
 			return jobRunE(lookupEnv, func(_ context.Context, c sessionv1.JobServiceClient) error {
 				resp, err := c.GetJob(cmd.Context(), &sessionv1.GetJobRequest{Id: args[0]})
 				if err != nil {
 					return sessionCallErr(err)
 				}
-				jobWrite(streams, resp.GetJob())
-				return nil
+				return output.write(streams.Out, resp.GetJob(), func() error {
+					jobWrite(streams, resp.GetJob())
+					return nil
+				})
 			})
 		},
 	}
+	output = addOutputFlag(cmd)
+	return cmd
+}
+
+func jobListCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "Jobs, newest first",
+		Example: `  hangar job list
+  hangar job list -o yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
+			return jobRunE(lookupEnv, func(_ context.Context, c sessionv1.JobServiceClient) error {
+				req := &sessionv1.ListJobsRequest{PageSize: 200}
+				var all []*sessionv1.Job
+				for {
+					resp, err := c.ListJobs(cmd.Context(), req)
+					if err != nil {
+						return sessionCallErr(err)
+					}
+					all = append(all, resp.GetJobs()...)
+					if resp.GetNextPageToken() == "" || resp.GetNextPageToken() == req.PageToken {
+						break
+					}
+					req.PageToken = resp.GetNextPageToken()
+				}
+				return output.write(streams.Out, &sessionv1.ListJobsResponse{Jobs: all}, func() error {
+					if len(all) == 0 {
+						_, err := fmt.Fprintln(streams.Out, "no jobs yet: start one with hangar job run")
+						return err
+					}
+					tw := sessionTabs(streams.Out)
+					fmt.Fprintln(tw, "ID\tSTATE\tSESSION\tATTEMPTS\tWINNER\tBRANCH")
+					for _, j := range all {
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", j.GetId(), jobStateName(j.GetState()), j.GetSession(), len(j.GetAttempts()),
+							orDash(j.GetWinner()), orDash(j.GetBranch()))
+					}
+					return tw.Flush()
+				})
+			})
+		},
+	}
+	output = addOutputFlag(cmd)
+	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // jobWait polls a job until it ends: the contract has no wait for jobs.

@@ -95,12 +95,20 @@ func sandboxCommand(streams Streams, lookupEnv func(string) (string, bool)) *cob
 }
 
 func sandboxListCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
-	var env string
+	var (
+		env    string
+		output *outputFormat
+	)
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List leased and warm sandboxes",
-		Args:  cobra.NoArgs,
+		Example: `  hangar sb list
+  hangar sb list -e local -o json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
 			sb, done, err := dialSandbox(lookupEnv)
 			if err != nil {
 				return err
@@ -109,6 +117,9 @@ func sandboxListCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 			resp, err := sb.ListSandboxes(cmd.Context(), &sandboxv1.ListSandboxesRequest{Environment: env})
 			if err != nil {
 				return sandboxCallErr(err)
+			}
+			if !output.table() {
+				return writeMessage(streams.Out, output.value, resp)
 			}
 			tw := tabwriter.NewWriter(streams.Out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tENVIRONMENT\tSTATE\tHOLDER\tLEASE EXPIRES\tWORK DIR")
@@ -126,6 +137,7 @@ func sandboxListCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 		},
 	}
 	cmd.Flags().StringVarP(&env, "environment", "e", "", "only this environment's sandboxes")
+	output = addOutputFlag(cmd)
 	return cmd
 }
 

@@ -135,7 +135,7 @@ func TestSessionCLIWithoutTurns(t *testing.T) {
 		t.Errorf("session patch without turns: %v, stdout %q, stderr %q", err, out, errOut)
 	}
 	patchFile := filepath.Join(t.TempDir(), "onb.patch")
-	sessionCLIWant(t, "session patch -o", s.ok(t, "session", "patch", "onb-1", "-o", patchFile), "wrote the patch of onb-1 (0 B")
+	sessionCLIWant(t, "session patch --to", s.ok(t, "session", "patch", "onb-1", "--to", patchFile), "wrote the patch of onb-1 (0 B")
 
 	sessionCLIWant(t, "session artifacts", s.ok(t, "session", "artifacts", "onb-1"), "no artifacts")
 	s.fails(t, "session onb-1 has no work to pull yet", "session", "pull", "onb-1", "-C", s.repo)

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,7 +49,9 @@ import (
 type Config struct {
 	config.Common
 	// Addr is the front door: the one URL clients use.
-	Addr string `env:"HANGAR_ADDR" flag:"addr" default:"127.0.0.1:7400" help:"host:port of the front door (HANGAR_URL for clients)"`
+	Addr string `env:"HANGAR_ADDR" flag:"addr" default:"127.0.0.1:7400" help:"host:port of the front door (HANGAR_URL for clients); the services listen on the next five ports unless their own address is set"`
+	// Port replaces Addr's port: a second hangar needs only --port.
+	Port int `env:"HANGAR_PORT" flag:"port" min:"0" max:"65530" help:"the front door's port (0: HANGAR_ADDR's); the services take the next five"`
 	// Verbose shows every record at the log level on the terminal, not
 	// only warnings and errors (the log file has them all either way).
 	Verbose bool `env:"HANGAR_VERBOSE" flag:"v" help:"show every log record on the terminal, not only warnings and errors"`
@@ -245,8 +248,22 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		return lookupEnv(name)
 	}
 
-	// Every service's settings are checked before anything listens.
+	// One base port: the services listen on the five ports after the front
+	// door's, unless their own address is set.
+	frontAddr, err := frontDoorAddr(cfg.Addr, cfg.Port)
+	if err != nil {
+		return fail(err)
+	}
 	all := specs(cfg.SessionClock)
+	for i, spec := range all {
+		if v, ok := lookupEnv(spec.addrVar); !ok || v == "" {
+			if addr := serviceAddr(frontAddr, i+1); addr != "" {
+				overlay[spec.addrVar] = addr
+			}
+		}
+	}
+
+	// Every service's settings are checked before anything listens.
 	addrs := make([]string, len(all))
 	for i, spec := range all {
 		if addrs[i], err = spec.addr(env); err != nil {
@@ -254,7 +271,7 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		}
 	}
 
-	front, err := service.Listen(cfg.Addr, "HANGAR_ADDR")
+	front, err := service.Listen(frontAddr, "HANGAR_ADDR")
 	if err != nil {
 		return fail(err)
 	}
@@ -341,6 +358,36 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 	}
 	stack.group = group
 	return stack, nil
+}
+
+// frontDoorAddr is HANGAR_ADDR with its port replaced by port when set.
+func frontDoorAddr(addr string, port int) (string, error) {
+	if port == 0 {
+		return addr, nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("HANGAR_ADDR=%q: want host:port", addr)
+	}
+	return net.JoinHostPort(host, fmt.Sprint(port)), nil
+}
+
+// serviceAddr is the address of the offset-th service after the front door
+// at front: same host, port + offset (any free port when front's is 0); ""
+// when front's port is not a number.
+func serviceAddr(front string, offset int) string {
+	host, port, err := net.SplitHostPort(front)
+	if err != nil {
+		return ""
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n+offset > 65535 {
+		return ""
+	}
+	if n == 0 {
+		return net.JoinHostPort(host, "0")
+	}
+	return net.JoinHostPort(host, strconv.Itoa(n+offset))
 }
 
 // mirrorHealth copies a service's health onto the front door's health server
