@@ -6,7 +6,9 @@ package e2e_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -251,5 +253,25 @@ func TestFirstHourForkNamesNeverRepeat(t *testing.T) {
 		if got := s.get(t, name); got.GetBranch() != branch || got.GetParentId() != "par" {
 			t.Errorf("fork %s: branch %q parent %q, want branch %q", name, got.GetBranch(), got.GetParentId(), branch)
 		}
+	}
+}
+
+// TestFirstHourRESTErrors: REST errors carry hangar's reason, not a gRPC
+// code number.
+func TestFirstHourRESTErrors(t *testing.T) {
+	s := sessionCLIStart(t)
+	req, err := http.NewRequest(http.MethodGet, s.env["HANGAR_URL"]+"/api/sessions/nope", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+s.env["HANGAR_TOKEN"])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 404 || !strings.Contains(string(body), `"code":"NOT_FOUND","reason":"SESSION_NOT_FOUND","message":"session \"nope\" does not exist"`) {
+		t.Errorf("GET /api/sessions/nope = %d %s", resp.StatusCode, body)
 	}
 }

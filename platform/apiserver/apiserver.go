@@ -308,6 +308,9 @@ func dialTarget(addr net.Addr) string {
 // field names and all fields, and ignores unknown request fields.
 func newGatewayMux() *runtime.ServeMux {
 	return runtime.NewServeMux(
+		runtime.WithErrorHandler(restErrorHandler),
+		runtime.WithOutgoingHeaderMatcher(noMetadataHeaders),
+		runtime.WithOutgoingTrailerMatcher(noMetadataHeaders),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.HTTPBodyMarshaler{
 			Marshaler: &runtime.JSONPb{
 				MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},

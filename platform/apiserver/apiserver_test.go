@@ -222,16 +222,16 @@ func TestServer(t *testing.T) {
 			wantBody          string // substring
 		}{
 			{"healthz with token", "/healthz", token, 200, `{"status":"SERVING"}`},
-			{"healthz without token", "/healthz", "", 401, `{"code":16,"message":"missing or invalid bearer token"}`},
-			{"healthz wrong token", "/healthz", "nope", 401, `"code":16`},
+			{"healthz without token", "/healthz", "", 401, `{"code":"UNAUTHENTICATED","reason":"UNAUTHENTICATED","message":"missing or invalid bearer token"}`},
+			{"healthz wrong token", "/healthz", "nope", 401, `"code":"UNAUTHENTICATED"`},
 			{"openapi without token", "/openapi.json", "", 200, string(openAPI)},
 			{"metrics without token", "/metrics", "", 200, "target_info"},
 			{"rest with token", "/v1/health", token, 200, `{"status":"SERVING"}`},
 			{"rest with token, service field", "/v1/health?service=grpc.health.v1.Health", token, 200, `"status":"SERVING"`},
 			{"rest without token", "/v1/health", "", 401, `"message":"missing or invalid bearer token"`},
-			{"rest wrong token", "/v1/health", "nope", 401, `"code":16`},
-			{"rest unknown service", "/v1/health?service=nope", token, 404, `"code":5`},
-			{"unknown path", "/v1/nothing", token, 404, `"code":5`},
+			{"rest wrong token", "/v1/health", "nope", 401, `"code":"UNAUTHENTICATED"`},
+			{"rest unknown service", "/v1/health?service=nope", token, 404, `"code":"NOT_FOUND"`},
+			{"unknown path", "/v1/nothing", token, 404, `"code":"NOT_FOUND"`},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
