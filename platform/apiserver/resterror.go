@@ -106,4 +106,3 @@ func restErrorHandler(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshale
 // noMetadataHeaders drops every gRPC header and trailer from REST responses
 // (grpc-gateway would send them as Grpc-Metadata-*).
 func noMetadataHeaders(string) (string, bool) { return "", false }
-
