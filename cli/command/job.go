@@ -70,10 +70,11 @@ func jobRunCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobr
 				if !wait {
 					return nil
 				}
-				job, err := jobWait(ctx, c, id)
+				job, err := jobWait(ctx, c, id, jobProgress(streams))
 				if err != nil {
 					return err
 				}
+				fmt.Fprintln(streams.Out)
 				jobWrite(streams, job)
 				if job.GetState() != sessionv1.JobState_JOB_STATE_DELIVERED {
 					return fmt.Errorf("job %s %s: %s", id, jobStateName(job.GetState()), job.GetError())
@@ -170,8 +171,9 @@ func orDash(s string) string {
 	return s
 }
 
-// jobWait polls a job until it ends: the contract has no wait for jobs.
-func jobWait(ctx context.Context, c sessionv1.JobServiceClient, id string) (*sessionv1.Job, error) {
+// jobWait polls a job until it ends (the contract has no wait for jobs),
+// showing each state progress reports.
+func jobWait(ctx context.Context, c sessionv1.JobServiceClient, id string, progress func(*sessionv1.Job)) (*sessionv1.Job, error) {
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -179,6 +181,7 @@ func jobWait(ctx context.Context, c sessionv1.JobServiceClient, id string) (*ses
 		if err != nil {
 			return nil, sessionCallErr(err)
 		}
+		progress(resp.GetJob())
 		if resp.GetJob().GetEndedAt() != nil {
 			return resp.GetJob(), nil
 		}
@@ -186,6 +189,39 @@ func jobWait(ctx context.Context, c sessionv1.JobServiceClient, id string) (*ses
 		case <-ctx.Done():
 			return nil, fmt.Errorf("stopped waiting; job %s goes on (hangar job get %s)", id, id)
 		case <-tick.C:
+		}
+	}
+}
+
+// jobProgress prints what changed in a job since the last look: its state,
+// each attempt as it appears, ends its turn and is checked.
+func jobProgress(streams Streams) func(*sessionv1.Job) {
+	var state sessionv1.JobState
+	seen := map[string]string{}
+	return func(j *sessionv1.Job) {
+		now := time.Now().Format("15:04:05")
+		if j.GetState() != state {
+			state = j.GetState()
+			fmt.Fprintf(streams.Out, "%s  job %s %s\n", now, j.GetId(), jobStateName(state))
+		}
+		for _, a := range j.GetAttempts() {
+			var step string
+			switch {
+			case a.Score != nil || a.GetCheckExitCode() != 0:
+				score := "-"
+				if a.Score != nil {
+					score = fmt.Sprint(a.GetScore())
+				}
+				step = fmt.Sprintf("checked: exit %d, score %s", a.GetCheckExitCode(), score)
+			case a.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_UNSPECIFIED:
+				step = "turn " + sessionOutcomeLabel(a.GetOutcome())
+			default:
+				step = "running on branch " + a.GetBranch()
+			}
+			if seen[a.GetSession()] != step {
+				seen[a.GetSession()] = step
+				fmt.Fprintf(streams.Out, "%s  attempt %s %s\n", now, a.GetSession(), step)
+			}
 		}
 	}
 }

@@ -4,6 +4,7 @@ package e2e_test
 // in a repository other than the one `hangar up` started in.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -12,7 +13,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -274,4 +277,71 @@ func TestFirstHourRESTErrors(t *testing.T) {
 	if resp.StatusCode != 404 || !strings.Contains(string(body), `"code":"NOT_FOUND","reason":"SESSION_NOT_FOUND","message":"session \"nope\" does not exist"`) {
 		t.Errorf("GET /api/sessions/nope = %d %s", resp.StatusCode, body)
 	}
+}
+
+// TestFirstHourWaiting: -w shows a tool call waiting on approval with the
+// commands that answer it; fork -n 2 -w tags each line with its fork and
+// ends with a line per fork.
+func TestFirstHourWaiting(t *testing.T) {
+	s := sessionFeatStart(t)
+	ctx := context.Background()
+
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- command.Execute(ctx, command.Streams{In: strings.NewReader(""), Out: &out, Err: &out},
+			[]string{"session", "new", "ap", "Please do the approval task.", "-e", "e2e", "--approvals", "ask", "-w"}, lookup(s.env))
+	}()
+	// -w shows the held tool call: answer it from there.
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !strings.Contains(out.String(), "deny:  hangar session approvals ap --deny ") {
+		select {
+		case <-wctx.Done():
+			t.Fatalf("-w never showed the tool call waiting on approval:\n%s", out.String())
+		case <-tick.C:
+		}
+	}
+	resp, err := s.sessions.ListApprovals(ctx, &sessionv1.ListApprovalsRequest{Name: "ap"})
+	if err != nil || len(resp.GetApprovals()) != 1 {
+		t.Fatalf("approvals: %v %v", resp, err)
+	}
+	id := resp.GetApprovals()[0].GetId()
+	if _, err := s.sessions.AnswerApproval(ctx, &sessionv1.AnswerApprovalRequest{Name: "ap", ApprovalId: id, Allow: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("session new --approvals ask -w: %v\n%s", err, out.String())
+	}
+	r := struct{ out string }{out.String()}
+	sessionCLIWant(t, "-w under --approvals ask", r.out, "approval needed: Bash ", "allow: hangar session approvals ap --allow "+id, "deny:  hangar session approvals ap --deny "+id, "turn 1 completed")
+
+	s.mustCLI(t, "session", "new", "base", "hello", "-e", "e2e", "-w")
+	forked, err := s.cli(t, "session", "fork", "base", "-n", "2", "hello again", "-w")
+	if err != nil {
+		t.Fatalf("fork -w: %v\n%s", err, forked)
+	}
+	sessionCLIWant(t, "fork -n 2 -w", forked, "[base-fork-1] ", "[base-fork-2] ", "\nforks:\n",
+		"  base-fork-1  turn 2 completed", "branch hangar/session/base-fork-1 · hangar session patch base-fork-1",
+		"  base-fork-2  turn 2 completed")
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a command writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
