@@ -291,6 +291,20 @@ hangar exits with the shell's exit code.`,
 			defer done()
 			release := holdSandboxSession(cmd.Context(), sb, sessions, args[0], sessionv1.HoldKind_HOLD_KIND_TERMINAL, "hangar sb attach")
 			defer release()
+			// A new terminal on a session's sandbox gets what the agent's
+			// resume_command needs (a gateway run of its own, its URLs and
+			// token), for as long as it is attached.
+			if terminalID == "" {
+				if name := sandboxSessionName(cmd.Context(), sb, args[0]); name != "" {
+					if in, err := sessions.StartInteractive(cmd.Context(), &sessionv1.StartInteractiveRequest{Name: name}); err == nil {
+						open.Env = in.GetEnv()
+						fmt.Fprintf(streams.Err, "session %s: continue the agent's conversation here with: %s\n", name, in.GetCommand())
+						defer func() {
+							_, _ = sessions.EndInteractive(context.WithoutCancel(cmd.Context()), &sessionv1.EndInteractiveRequest{Name: name, Run: in.GetRun()})
+						}()
+					}
+				}
+			}
 			return sandboxAttach(cmd.Context(), sb, open, streams, detachOnEOF)
 		},
 	}

@@ -20,8 +20,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
+	"github.com/hangar-dev/hangar/api/sandboxexec"
 	"github.com/hangar-dev/hangar/cli/command"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
 )
@@ -344,4 +346,57 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// TestFirstHourResumeInTheSandbox: the spec's "attach, then run the
+// resume_command": a terminal attached to a session's sandbox gets the
+// gateway URL and a token of its own, and the command it prints continues
+// the agent's conversation through the gateway.
+func TestFirstHourResumeInTheSandbox(t *testing.T) {
+	s := sessionFeatStart(t)
+	ctx := context.Background()
+	s.mustCLI(t, "session", "new", "inter", "hello", "-e", "e2e", "-w")
+	sess := s.get(t, "inter")
+
+	_, err := s.sessions.StartInteractive(ctx, &sessionv1.StartInteractiveRequest{Name: "nope"})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("StartInteractive of no session: %v", err)
+	}
+
+	// Attached with piped input: the shell has the run's URL and token.
+	out, errOut, err := s.run(t, "echo \"url=$ANTHROPIC_BASE_URL key=${#ANTHROPIC_API_KEY}\"\nexit\n", "sb", "attach", sess.GetSandboxId())
+	if err != nil || !strings.Contains(out, "url=http") || strings.Contains(out, "key=0") {
+		t.Errorf("sb attach: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	if !strings.Contains(errOut, "session inter: continue the agent's conversation here with: ") || !strings.Contains(errOut, " --resume "+sess.GetConversationId()) {
+		t.Errorf("sb attach does not say how to continue the conversation:\n%s", errOut)
+	}
+
+	// The command resumes the conversation through its own run.
+	in, err := s.sessions.StartInteractive(ctx, &sessionv1.StartInteractiveRequest{Name: "inter"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code, err := sandboxexec.New(s.sandboxes).Exec(ctx, in.GetSandboxId(), 0, []string{"sh", "-c", in.GetCommand() + " -p 'Please do it again.'"}, in.GetEnv(), "", nil, &stdout, &stderr)
+	if err != nil || code != 0 {
+		t.Fatalf("%s: exit %d, %v\n%s%s", in.GetCommand(), code, err, stdout.String(), stderr.String())
+	}
+	run, err := s.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: in.GetRun()})
+	if err != nil || run.GetRun().GetUsage().GetModelCalls() == 0 {
+		t.Errorf("the resumed conversation made no model call through run %s: %v %v", in.GetRun(), run, err)
+	}
+	if _, err := s.sessions.EndInteractive(ctx, &sessionv1.EndInteractiveRequest{Name: "inter", Run: in.GetRun()}); err != nil {
+		t.Fatal(err)
+	}
+	code, _ = sandboxexec.New(s.sandboxes).Exec(ctx, in.GetSandboxId(), 0, []string{"sh", "-c", in.GetCommand() + " -p 'Once more.'"}, in.GetEnv(), "", nil, &stdout, &stderr)
+	if code == 0 {
+		t.Errorf("the command still works after EndInteractive")
+	}
+
+	s.mustCLI(t, "session", "suspend", "inter")
+	_, err = s.sessions.StartInteractive(ctx, &sessionv1.StartInteractiveRequest{Name: "inter"})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "hangar session open inter first") {
+		t.Errorf("StartInteractive of a suspended session: %v", err)
+	}
 }

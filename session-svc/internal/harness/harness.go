@@ -252,6 +252,9 @@ func orDefault(s, def string) string {
 }
 
 // shellQuote quotes s for a POSIX shell when needed.
+// ShellQuote quotes s for sh when it needs it.
+func ShellQuote(s string) string { return shellQuote(s) }
+
 func shellQuote(s string) string {
 	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:@,+") == "" {
 		return s

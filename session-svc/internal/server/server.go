@@ -266,6 +266,24 @@ func (s *Sessions) OpenSession(ctx context.Context, req *sessionv1.OpenSessionRe
 	return &sessionv1.OpenSessionResponse{Session: out}, nil
 }
 
+// StartInteractive implements the preparation of resume_command in an
+// attached terminal.
+func (s *Sessions) StartInteractive(ctx context.Context, req *sessionv1.StartInteractiveRequest) (*sessionv1.StartInteractiveResponse, error) {
+	in, err := s.m.StartInteractive(ctx, req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.StartInteractiveResponse{SandboxId: in.SandboxID, Command: in.Command, Env: in.Env, Run: in.Run}, nil
+}
+
+// EndInteractive ends an interactive run.
+func (s *Sessions) EndInteractive(ctx context.Context, req *sessionv1.EndInteractiveRequest) (*sessionv1.EndInteractiveResponse, error) {
+	if err := s.m.EndInteractive(ctx, req.GetName(), req.GetRun()); err != nil {
+		return nil, err
+	}
+	return &sessionv1.EndInteractiveResponse{}, nil
+}
+
 // KeepSession sets the idle time.
 func (s *Sessions) KeepSession(ctx context.Context, req *sessionv1.KeepSessionRequest) (*sessionv1.KeepSessionResponse, error) {
 	sess, err := s.m.Keep(ctx, req.GetName(), int(req.GetIdleMinutes()))
