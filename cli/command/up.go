@@ -74,6 +74,9 @@ hangar.log.1).`,
 			}()
 			err = stack.Wait()
 			close(stopped)
+			if cmd.Context().Err() != nil {
+				log.stopping() // its header comes before the last line, whichever goroutine runs first
+			}
 			if err != nil {
 				return err
 			}
