@@ -6,6 +6,7 @@ package e2e_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -398,5 +399,34 @@ func TestFirstHourResumeInTheSandbox(t *testing.T) {
 	_, err = s.sessions.StartInteractive(ctx, &sessionv1.StartInteractiveRequest{Name: "inter"})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "hangar session open inter first") {
 		t.Errorf("StartInteractive of a suspended session: %v", err)
+	}
+}
+
+// TestFirstHourCompletionAndOutput: completion offers sessions,
+// environments and harnesses; -o json|yaml on the read commands answers the
+// REST API's JSON.
+func TestFirstHourCompletionAndOutput(t *testing.T) {
+	s := sessionCLIStart(t)
+	s.ok(t, "session", "new", "comp-one", "-e", "e2e")
+	sessionCLIWant(t, "completing a session name", s.ok(t, "__complete", "session", "get", ""), "comp-one\tsuspended")
+	sessionCLIWant(t, "completing -e", s.ok(t, "__complete", "session", "new", "x", "-e", ""), "e2e\t"+s.repo)
+	sessionCLIWant(t, "completing --harness", s.ok(t, "__complete", "session", "new", "x", "--harness", ""), "claude", "codex", "pi", "antigravity")
+
+	for _, args := range [][]string{
+		{"session", "list"}, {"session", "get", "comp-one"}, {"session", "events", "comp-one"}, {"session", "artifacts", "comp-one"},
+		{"sb", "list"}, {"env", "list"}, {"checkpoint", "list", "comp-one"}, {"job", "list"}, {"status"},
+	} {
+		out := s.ok(t, append(args, "-o", "json")...)
+		var v map[string]any
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			t.Errorf("hangar %s -o json is not a JSON object: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		if y := s.ok(t, append(args, "-o", "yaml")...); strings.HasPrefix(strings.TrimSpace(y), "{") {
+			t.Errorf("hangar %s -o yaml printed JSON:\n%s", strings.Join(args, " "), y)
+		}
+	}
+	// The REST API's field names.
+	if out := s.ok(t, "session", "get", "comp-one", "-o", "json"); !strings.Contains(out, `"base_commit":`) || !strings.Contains(out, `"state_reason":`) {
+		t.Errorf("session get -o json lacks the proto field names:\n%s", out)
 	}
 }
