@@ -379,7 +379,11 @@ func sessionFormatSession(w io.Writer, s *sessionv1.Session, now time.Time) erro
 	if s.GetRepo() != "" {
 		row("repo", "%s", s.GetRepo())
 	}
-	row("branch", "%s", s.GetBranch())
+	if s.GetBaseCommit() != "" {
+		row("branch", "%s (from %s)", s.GetBranch(), sessionShortCommit(s.GetBaseCommit()))
+	} else {
+		row("branch", "%s", s.GetBranch())
+	}
 	if s.GetParentId() != "" {
 		row("fork of", "%s (checkpoint %s)", s.GetParentId(), s.GetForkedFromCheckpoint())
 	}

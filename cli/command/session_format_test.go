@@ -88,7 +88,7 @@ func sessionTurns() []*sessionv1.Turn {
 
 func sessionFull() *sessionv1.Session {
 	return &sessionv1.Session{
-		Name: "onboarding", Environment: "early-signal", Harness: sessionv1.Harness_HARNESS_CODEX, Branch: "hangar/session/onboarding",
+		Name: "onboarding", Environment: "early-signal", Harness: sessionv1.Harness_HARNESS_CODEX, Branch: "hangar/session/onboarding", BaseCommit: "3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a",
 		Model: "gpt-5-codex", State: sessionv1.SessionState_SESSION_STATE_NEEDS_INPUT, StateReason: "the agent asked a question",
 		StateChangedAt: sessionAt(-5 * time.Minute), IdleMinutes: proto.Int32(240), ConversationId: "3f2a9c",
 		CreatedAt: sessionAt(-50 * time.Hour), LastActiveAt: sessionAt(-5 * time.Minute),
