@@ -117,6 +117,13 @@ func TestFirstHourAgentCLIOnPath(t *testing.T) {
 
 	out := s.ok(t, "session", "new", "on-path", "hello", "-e", "e2e", "-w")
 	sessionCLIWant(t, "a turn of claude found on PATH", out, "turn 1 completed")
+	var started bool
+	for _, tr := range s.get(t, "on-path").GetTransitions() {
+		started = started || (tr.GetTo() == sessionv1.SessionState_SESSION_STATE_RUNNING && tr.GetReason() == "started")
+	}
+	if !started {
+		t.Errorf("a brand-new session's first boot is not recorded as started: %v", s.get(t, "on-path").GetTransitions())
+	}
 	if got := s.get(t, "on-path"); !strings.HasPrefix(got.GetResumeCommand(), "claude --resume ") {
 		t.Errorf("after a completed turn: resume_command %q", got.GetResumeCommand())
 	}

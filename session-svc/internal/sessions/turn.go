@@ -345,11 +345,16 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 		return failed("session vanished", err)
 	}
 	if s.SandboxID == "" {
-		if s, err = m.boot(ctx, s); err != nil {
-			return failed("could not resume: "+publicMessage(err), err)
+		// A brand-new session starts; one that ran before resumes.
+		verb, done := "resume", "resumed"
+		if number == 1 && s.ParentID == "" {
+			verb, done = "start", "started"
 		}
-		if s, err = m.transition(ctx, name, store.StateRunning, "resumed", store.StateResuming); err != nil {
-			return failed("could not resume", err)
+		if s, err = m.boot(ctx, s); err != nil {
+			return failed("could not "+verb+": "+publicMessage(err), err)
+		}
+		if s, err = m.transition(ctx, name, store.StateRunning, done, store.StateResuming); err != nil {
+			return failed("could not "+verb, err)
 		}
 	}
 	sb, err := m.sandboxOf(ctx, s)
