@@ -1,5 +1,5 @@
 # Convenience targets; .ci/run is what CI runs.
-.PHONY: gen test up lint
+.PHONY: gen test up lint install
 
 gen: ## regenerate protobuf, gRPC, gateway and OpenAPI code
 	api/generate.sh
@@ -12,3 +12,6 @@ test:
 
 up:
 	go run ./cli/cmd/hangar up
+
+install: ## build the hangar CLI into $(go env GOPATH)/bin (put it on PATH)
+	go install ./cli/cmd/hangar

@@ -14,3 +14,5 @@ cd "$root"
 find api/hangar -name '*.pb.go' -o -name '*.pb.gw.go' | xargs -r rm -f
 rm -f api/openapi/*.swagger.json
 PATH="$bin:$PATH" buf generate
+# Title, version and the bearer scheme of the merged OpenAPI document.
+(cd "$root/api" && GOWORK=off go run ./openapi/finish openapi/hangar.swagger.json)

@@ -20,11 +20,20 @@ const ChunkSize = 32 << 10
 
 // Client runs commands over a SandboxServiceClient.
 type Client struct {
-	sandboxes sandboxv1.SandboxServiceClient
+	sandboxes   sandboxv1.SandboxServiceClient
+	pathPrepend []string
 }
 
 // New returns a Client over c.
 func New(c sandboxv1.SandboxServiceClient) *Client { return &Client{sandboxes: c} }
+
+// WithPathPrepend returns a Client whose commands find programs in dirs
+// first, then on the sandbox's own PATH.
+func (c *Client) WithPathPrepend(dirs ...string) *Client {
+	cp := *c
+	cp.pathPrepend = append([]string(nil), dirs...)
+	return &cp
+}
 
 // SignalError: the command ran and was killed by a signal.
 type SignalError struct{ Signal string }
@@ -54,7 +63,7 @@ func (c *Client) Exec(ctx context.Context, sandboxID string, fencingToken uint64
 		return -1, fmt.Errorf("exec: open stream: %w", err)
 	}
 	start := &sandboxv1.ExecRequest{Msg: &sandboxv1.ExecRequest_Start{Start: &sandboxv1.ExecStart{
-		SandboxId: sandboxID, FencingToken: fencingToken, Command: argv, Env: env, Cwd: cwd,
+		SandboxId: sandboxID, FencingToken: fencingToken, Command: argv, Env: env, Cwd: cwd, PathPrepend: c.pathPrepend,
 	}}}
 	if err := stream.Send(start); err != nil {
 		return -1, fmt.Errorf("exec: send start: %w", recvErr(stream, err))

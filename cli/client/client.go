@@ -4,8 +4,10 @@
 package client
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/url"
 	"os"
@@ -13,6 +15,8 @@ import (
 	"strings"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/hangar-dev/hangar/platform/rpc"
 )
@@ -21,6 +25,9 @@ import (
 type Endpoint struct {
 	URL   string
 	Token string
+	// URLFrom and TokenFrom say where URL and Token came from
+	// ("HANGAR_URL", or a file's path), for messages; "" when set directly.
+	URLFrom, TokenFrom string
 }
 
 // Resolve finds the endpoint: HANGAR_URL and HANGAR_TOKEN win; what they
@@ -33,7 +40,7 @@ func Resolve(lookupEnv func(string) (string, bool)) (Endpoint, error) {
 		v, _ := lookupEnv(name)
 		return strings.TrimSpace(v)
 	}
-	ep := Endpoint{URL: get("HANGAR_URL"), Token: get("HANGAR_TOKEN")}
+	ep := Endpoint{URL: get("HANGAR_URL"), Token: get("HANGAR_TOKEN"), URLFrom: "HANGAR_URL", TokenFrom: "HANGAR_TOKEN"}
 	home := get("HANGAR_HOME")
 	if home == "" {
 		dir, err := os.UserHomeDir()
@@ -43,18 +50,20 @@ func Resolve(lookupEnv func(string) (string, bool)) (Endpoint, error) {
 		home = filepath.Join(dir, ".hangar")
 	}
 	if ep.URL == "" {
-		v, err := readFile(filepath.Join(home, "endpoint"))
+		path := filepath.Join(home, "endpoint")
+		v, err := readFile(path)
 		if err != nil {
-			return Endpoint{}, fmt.Errorf("no hangar found: HANGAR_URL is unset and %s has no endpoint file (start one with `hangar up`): %w", home, err)
+			return Endpoint{}, fmt.Errorf("no hangar found: HANGAR_URL is unset and %s has no endpoint file: start one with `hangar up` (%w)", home, err)
 		}
-		ep.URL = v
+		ep.URL, ep.URLFrom = v, path
 	}
 	if ep.Token == "" {
-		v, err := readFile(filepath.Join(home, "token"))
+		path := filepath.Join(home, "token")
+		v, err := readFile(path)
 		if err != nil {
-			return Endpoint{}, fmt.Errorf("HANGAR_TOKEN is unset and %s has no token file: %w", home, err)
+			return Endpoint{}, fmt.Errorf("HANGAR_TOKEN is unset and %s has no token file: set HANGAR_TOKEN to the token `hangar up` printed (%w)", home, err)
 		}
-		ep.Token = v
+		ep.Token, ep.TokenFrom = v, path
 	}
 	if _, err := ep.target(); err != nil {
 		return Endpoint{}, err
@@ -69,7 +78,66 @@ func (e Endpoint) Dial() (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return rpc.Dial(target, rpc.ClientOptions{Token: e.Token})
+	return rpc.Dial(target, rpc.ClientOptions{Token: e.Token},
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			return e.explain(invoker(ctx, method, req, reply, cc, opts...))
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil {
+				return nil, e.explain(err)
+			}
+			return explainedStream{ClientStream: s, ep: e}, nil
+		}))
+}
+
+// explain rewrites the two errors a person can fix before anything else:
+// no hangar at the URL, and a token it refuses. Other errors pass as they are.
+func (e Endpoint) explain(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		msg := st.Message()
+		if !strings.Contains(msg, "connection refused") && !strings.Contains(msg, "no such host") && !strings.Contains(msg, "connect:") {
+			return err
+		}
+		from := ""
+		if e.URLFrom != "" {
+			from = " (from " + e.URLFrom + ")"
+		}
+		return status.Errorf(codes.Unavailable, "hangar at %s%s is not running: start it with `hangar up`, or point HANGAR_URL at a running one", e.URL, from)
+	case codes.Unauthenticated:
+		from := ""
+		if e.TokenFrom != "" {
+			from = " from " + e.TokenFrom
+		}
+		return status.Errorf(codes.Unauthenticated, "hangar at %s refused the token%s: use the one its `hangar up` printed (saved in its HANGAR_HOME/token), through HANGAR_TOKEN or that file", e.URL, from)
+	}
+	return err
+}
+
+type explainedStream struct {
+	grpc.ClientStream
+	ep Endpoint
+}
+
+func (s explainedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if errors.Is(err, io.EOF) {
+		return err
+	}
+	return s.ep.explain(err)
+}
+
+func (s explainedStream) SendMsg(m any) error {
+	err := s.ClientStream.SendMsg(m)
+	if errors.Is(err, io.EOF) {
+		return err
+	}
+	return s.ep.explain(err)
 }
 
 func (e Endpoint) target() (string, error) {

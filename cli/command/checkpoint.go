@@ -39,40 +39,8 @@ func checkpointCommand(streams Streams, lookupEnv func(string) (string, bool)) *
 		return checkpointRPCError(fn(ctx, checkpointv1.NewCheckpointServiceClient(conn)))
 	}
 	cmd.AddCommand(
-		&cobra.Command{
-			Use:   "list <session>",
-			Short: "List a session's checkpoints, newest first",
-			Args:  cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				return withClient(cmd, func(ctx context.Context, c checkpointv1.CheckpointServiceClient) error {
-					cps, err := checkpointListAll(ctx, c, args[0])
-					if err != nil {
-						return err
-					}
-					if len(cps) == 0 {
-						fmt.Fprintf(streams.Out, "session %s has no checkpoints\n", args[0])
-						return nil
-					}
-					checkpointPrintTable(streams.Out, cps)
-					return nil
-				})
-			},
-		},
-		&cobra.Command{
-			Use:   "get <checkpoint-id|session>",
-			Short: "Show a checkpoint (a session's newest when given a session)",
-			Args:  cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				return withClient(cmd, func(ctx context.Context, c checkpointv1.CheckpointServiceClient) error {
-					cp, err := checkpointResolve(ctx, c, args[0])
-					if err != nil {
-						return err
-					}
-					checkpointPrint(streams.Out, cp)
-					return nil
-				})
-			},
-		},
+		checkpointListCommand(streams, withClient),
+		checkpointGetCommand(streams, withClient),
 		&cobra.Command{
 			Use:   "verify <checkpoint-id|session>",
 			Short: "Decrypt and check every part of a checkpoint (all of a session's) without restoring",
@@ -100,7 +68,7 @@ func checkpointCommand(streams Streams, lookupEnv func(string) (string, bool)) *
 							return err
 						}
 						if resp.GetOk() {
-							fmt.Fprintf(streams.Out, "%s  ok  %d parts, %s\n", id, len(resp.GetCheckpoint().GetParts()), checkpointBytes(resp.GetCheckpoint().GetSizeBytes()))
+							fmt.Fprintf(streams.Out, "%s  ok  %d parts, %s\n", id, len(resp.GetCheckpoint().GetParts()), sessionSizeLabel(resp.GetCheckpoint().GetSizeBytes()))
 							continue
 						}
 						bad++
@@ -172,7 +140,7 @@ func checkpointPrintTable(w io.Writer, cps []*checkpointv1.Checkpoint) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\n", cp.GetId(),
 			cp.GetCreatedAt().AsTime().UTC().Format(time.DateTime), checkpointEnumName(cp.GetReason().String(), "CHECKPOINT_REASON_"),
-			cp.GetTurn(), checkpointShortHash(cp.GetHeadCommit()), checkpointBytes(cp.GetSizeBytes()), checkpointBytes(cp.GetStoredBytes()), len(cp.GetWarnings()))
+			cp.GetTurn(), checkpointShortHash(cp.GetHeadCommit()), sessionSizeLabel(cp.GetSizeBytes()), sessionSizeLabel(cp.GetStoredBytes()), len(cp.GetWarnings()))
 	}
 	tw.Flush()
 }
@@ -200,8 +168,8 @@ func checkpointPrint(w io.Writer, cp *checkpointv1.Checkpoint) {
 		{"base", cp.GetBaseCommit()},
 		{"head", cp.GetHeadCommit()},
 		{"tree", cp.GetTreeHash()},
-		{"size", checkpointBytes(cp.GetSizeBytes())},
-		{"stored", checkpointBytes(cp.GetStoredBytes())},
+		{"size", sessionSizeLabel(cp.GetSizeBytes())},
+		{"stored", sessionSizeLabel(cp.GetStoredBytes())},
 		{"previous", cp.GetPreviousCheckpoint()},
 		{"shared from", cp.GetSharedFrom()},
 	} {
@@ -218,7 +186,7 @@ func checkpointPrint(w io.Writer, cp *checkpointv1.Checkpoint) {
 		if p.GetSkipped() {
 			state = "skipped"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", checkpointEnumName(p.GetKind().String(), "PART_KIND_"), checkpointBytes(p.GetSizeBytes()), len(p.GetObjects()), state)
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", checkpointEnumName(p.GetKind().String(), "PART_KIND_"), sessionSizeLabel(p.GetSizeBytes()), len(p.GetObjects()), state)
 	}
 	tw.Flush()
 	for _, wn := range cp.GetWarnings() {
@@ -237,14 +205,65 @@ func checkpointShortHash(h string) string {
 	return h
 }
 
-func checkpointBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+type checkpointClientFunc func(cmd *cobra.Command, fn func(ctx context.Context, c checkpointv1.CheckpointServiceClient) error) error
+
+func checkpointListCommand(streams Streams, withClient checkpointClientFunc) *cobra.Command {
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "list SESSION",
+		Short: "List a session's checkpoints, newest first",
+		Example: `  hangar checkpoint list onboarding
+  hangar checkpoint list onboarding -o json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
+			return withClient(cmd, func(ctx context.Context, c checkpointv1.CheckpointServiceClient) error {
+				cps, err := checkpointListAll(ctx, c, args[0])
+				if err != nil {
+					return err
+				}
+				if !output.table() {
+					return writeMessage(streams.Out, output.value, &checkpointv1.ListCheckpointsResponse{Checkpoints: cps})
+				}
+				if len(cps) == 0 {
+					fmt.Fprintf(streams.Out, "session %s has no checkpoints\n", args[0])
+					return nil
+				}
+				checkpointPrintTable(streams.Out, cps)
+				return nil
+			})
+		},
 	}
-	return fmt.Sprintf("%d B", n)
+	output = addOutputFlag(cmd)
+	return cmd
+}
+
+func checkpointGetCommand(streams Streams, withClient checkpointClientFunc) *cobra.Command {
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "get CHECKPOINT_ID|SESSION",
+		Short: "Show a checkpoint (a session's newest when given a session)",
+		Example: `  hangar checkpoint get onboarding
+  hangar checkpoint get 'onboarding~20261201T101500Z-3f2a1b0c' -o yaml`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
+			return withClient(cmd, func(ctx context.Context, c checkpointv1.CheckpointServiceClient) error {
+				cp, err := checkpointResolve(ctx, c, args[0])
+				if err != nil {
+					return err
+				}
+				return output.write(streams.Out, cp, func() error {
+					checkpointPrint(streams.Out, cp)
+					return nil
+				})
+			})
+		},
+	}
+	output = addOutputFlag(cmd)
+	return cmd
 }

@@ -26,11 +26,17 @@ func environmentCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 }
 
 func environmentListCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
-	return &cobra.Command{
+	var output *outputFormat
+	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List environments",
-		Args:  cobra.NoArgs,
+		Example: `  hangar env list
+  hangar env list -o yaml`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
 			sb, done, err := dialSandbox(lookupEnv)
 			if err != nil {
 				return err
@@ -39,6 +45,9 @@ func environmentListCommand(streams Streams, lookupEnv func(string) (string, boo
 			resp, err := sb.ListEnvironments(cmd.Context(), &sandboxv1.ListEnvironmentsRequest{})
 			if err != nil {
 				return sandboxCallErr(err)
+			}
+			if !output.table() {
+				return writeMessage(streams.Out, output.value, resp)
 			}
 			tw := tabwriter.NewWriter(streams.Out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tREPOSITORY\tBASE REF\tEGRESS\tWARM POOL\tDRIVER")
@@ -52,6 +61,8 @@ func environmentListCommand(streams Streams, lookupEnv func(string) (string, boo
 			return tw.Flush()
 		},
 	}
+	output = addOutputFlag(cmd)
+	return cmd
 }
 
 func environmentGetCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
@@ -59,17 +70,22 @@ func environmentGetCommand(streams Streams, lookupEnv func(string) (string, bool
 	cmd := &cobra.Command{
 		Use:   "get NAME",
 		Short: "Show an environment (YAML, the format `env apply -f` reads)",
-		Args:  cobra.ExactArgs(1),
+		Example: `  hangar env get local
+  hangar env get web -o json > web.json && hangar env apply -f web.json`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if output == "table" {
+				output = "yaml"
+			}
 			if output != "yaml" && output != "json" {
-				return fmt.Errorf("--output %q: want yaml or json", output)
+				return fmt.Errorf("-o %q: want yaml (the default; also table) or json", output)
 			}
 			sb, done, err := dialSandbox(lookupEnv)
 			if err != nil {
 				return err
 			}
 			defer done()
-			resp, err := sb.GetEnvironment(cmd.Context(), &sandboxv1.GetEnvironmentRequest{Name: args[0]})
+			resp, err := sb.GetEnvironment(cmd.Context(), &sandboxv1.GetEnvironmentRequest{Name: args[0], ResolveBase: true})
 			if err != nil {
 				return sandboxCallErr(err)
 			}
@@ -77,11 +93,31 @@ func environmentGetCommand(streams Streams, lookupEnv func(string) (string, bool
 			if err != nil {
 				return err
 			}
+			// Where the next session starts: a comment, so the YAML is
+			// still what env apply reads (on stderr beside JSON).
+			note := streams.Out
+			if output == "json" {
+				note = streams.Err
+			}
+			repo, base := resp.GetEnvironment().GetRepository(), resp.GetBaseCommit()
+			dir := streams.Dir
+			if dir == "" {
+				dir = "."
+			}
+			if top, err := sessionGitTop(cmd.Context(), dir); err == nil && args[0] == "local" && top != repo {
+				// session new without -e uses the repository it runs in.
+				if here, err := sb.GetEnvironment(cmd.Context(), &sandboxv1.GetEnvironmentRequest{Name: args[0], Repository: top}); err == nil {
+					repo, base = top, here.GetBaseCommit()
+				}
+			}
+			if base != "" {
+				fmt.Fprintf(note, "# the next session started here starts at %s of %s\n", sessionShortCommit(base), repo)
+			}
 			_, err = streams.Out.Write(b)
 			return err
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "yaml or json")
+	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "yaml (the format env apply reads; also table) or json")
 	return cmd
 }
 

@@ -60,13 +60,23 @@ func holdSession(ctx context.Context, sessions sessionv1.SessionServiceClient, n
 // holdSandboxSession holds the session whose sandbox this is, if a session
 // holds its lease.
 func holdSandboxSession(ctx context.Context, sandboxes sandboxv1.SandboxServiceClient, sessions sessionv1.SessionServiceClient, sandboxID string, kind sessionv1.HoldKind, what string) func() {
-	resp, err := sandboxes.GetSandbox(ctx, &sandboxv1.GetSandboxRequest{SandboxId: sandboxID})
-	if err != nil {
-		return func() {}
-	}
-	name, ok := strings.CutPrefix(resp.GetSandbox().GetLease().GetHolder(), "session/")
-	if !ok {
+	name := sandboxSessionName(ctx, sandboxes, sandboxID)
+	if name == "" {
 		return func() {}
 	}
 	return holdSession(ctx, sessions, name, kind, what)
+}
+
+// sandboxSessionName is the session holding a sandbox's lease, "" when
+// none does.
+func sandboxSessionName(ctx context.Context, sandboxes sandboxv1.SandboxServiceClient, sandboxID string) string {
+	resp, err := sandboxes.GetSandbox(ctx, &sandboxv1.GetSandboxRequest{SandboxId: sandboxID})
+	if err != nil {
+		return ""
+	}
+	name, _ := strings.CutPrefix(resp.GetSandbox().GetLease().GetHolder(), "session/")
+	if name == resp.GetSandbox().GetLease().GetHolder() {
+		return ""
+	}
+	return name
 }

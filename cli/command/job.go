@@ -20,7 +20,7 @@ func jobCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.C
 		Use:   "job",
 		Short: "Jobs: best-of-N attempts on a prepared session, scored by a check",
 	}
-	cmd.AddCommand(jobRunCommand(streams, lookupEnv), jobGetCommand(streams, lookupEnv))
+	cmd.AddCommand(jobRunCommand(streams, lookupEnv), jobGetCommand(streams, lookupEnv), jobListCommand(streams, lookupEnv))
 	return cmd
 }
 
@@ -71,10 +71,11 @@ func jobRunCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobr
 				if !wait {
 					return nil
 				}
-				job, err := jobWait(ctx, c, id)
+				job, err := jobWait(ctx, c, id, jobProgress(streams))
 				if err != nil {
 					return err
 				}
+				fmt.Fprintln(streams.Out)
 				jobWrite(streams, job)
 				if job.GetState() != sessionv1.JobState_JOB_STATE_DELIVERED {
 					return fmt.Errorf("job %s %s: %s", id, jobStateName(job.GetState()), job.GetError())
@@ -91,25 +92,89 @@ func jobRunCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobr
 }
 
 func jobGetCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
-	return &cobra.Command{
+	var output *outputFormat
+	cmd := &cobra.Command{
 		Use:   "get ID",
 		Short: "A job, its attempts and what it delivered",
-		Args:  sessionArgs(1, 1),
+		Example: `  hangar job get job-9c8d7e6f
+  hangar job get job-9c8d7e6f -o json`,
+		Args: sessionArgs(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
 			return jobRunE(lookupEnv, func(_ context.Context, c sessionv1.JobServiceClient) error {
 				resp, err := c.GetJob(cmd.Context(), &sessionv1.GetJobRequest{Id: args[0]})
 				if err != nil {
 					return sessionCallErr(err)
 				}
-				jobWrite(streams, resp.GetJob())
-				return nil
+				return output.write(streams.Out, resp.GetJob(), func() error {
+					jobWrite(streams, resp.GetJob())
+					return nil
+				})
 			})
 		},
 	}
+	output = addOutputFlag(cmd)
+	return cmd
 }
 
-// jobWait polls a job until it ends: the contract has no wait for jobs.
-func jobWait(ctx context.Context, c sessionv1.JobServiceClient, id string) (*sessionv1.Job, error) {
+func jobListCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "Jobs, newest first",
+		Example: `  hangar job list
+  hangar job list -o yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
+			return jobRunE(lookupEnv, func(_ context.Context, c sessionv1.JobServiceClient) error {
+				req := &sessionv1.ListJobsRequest{PageSize: 200}
+				var all []*sessionv1.Job
+				for {
+					resp, err := c.ListJobs(cmd.Context(), req)
+					if err != nil {
+						return sessionCallErr(err)
+					}
+					all = append(all, resp.GetJobs()...)
+					if resp.GetNextPageToken() == "" || resp.GetNextPageToken() == req.PageToken {
+						break
+					}
+					req.PageToken = resp.GetNextPageToken()
+				}
+				return output.write(streams.Out, &sessionv1.ListJobsResponse{Jobs: all}, func() error {
+					if len(all) == 0 {
+						_, err := fmt.Fprintln(streams.Out, "no jobs yet: start one with hangar job run")
+						return err
+					}
+					tw := sessionTabs(streams.Out)
+					fmt.Fprintln(tw, "ID\tSTATE\tSESSION\tATTEMPTS\tWINNER\tBRANCH")
+					for _, j := range all {
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", j.GetId(), jobStateName(j.GetState()), j.GetSession(), len(j.GetAttempts()),
+							orDash(j.GetWinner()), orDash(j.GetBranch()))
+					}
+					return tw.Flush()
+				})
+			})
+		},
+	}
+	output = addOutputFlag(cmd)
+	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// jobWait polls a job until it ends (the contract has no wait for jobs),
+// showing each state progress reports.
+func jobWait(ctx context.Context, c sessionv1.JobServiceClient, id string, progress func(*sessionv1.Job)) (*sessionv1.Job, error) {
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -117,6 +182,7 @@ func jobWait(ctx context.Context, c sessionv1.JobServiceClient, id string) (*ses
 		if err != nil {
 			return nil, sessionCallErr(err)
 		}
+		progress(resp.GetJob())
 		if resp.GetJob().GetEndedAt() != nil {
 			return resp.GetJob(), nil
 		}
@@ -124,6 +190,39 @@ func jobWait(ctx context.Context, c sessionv1.JobServiceClient, id string) (*ses
 		case <-ctx.Done():
 			return nil, fmt.Errorf("stopped waiting; job %s goes on (hangar job get %s)", id, id)
 		case <-tick.C:
+		}
+	}
+}
+
+// jobProgress prints what changed in a job since the last look: its state,
+// each attempt as it appears, ends its turn and is checked.
+func jobProgress(streams Streams) func(*sessionv1.Job) {
+	var state sessionv1.JobState
+	seen := map[string]string{}
+	return func(j *sessionv1.Job) {
+		now := time.Now().Format("15:04:05")
+		if j.GetState() != state {
+			state = j.GetState()
+			fmt.Fprintf(streams.Out, "%s  job %s %s\n", now, j.GetId(), jobStateName(state))
+		}
+		for _, a := range j.GetAttempts() {
+			var step string
+			switch {
+			case a.Score != nil || a.GetCheckExitCode() != 0:
+				score := "-"
+				if a.Score != nil {
+					score = fmt.Sprint(a.GetScore())
+				}
+				step = fmt.Sprintf("checked: exit %d, score %s", a.GetCheckExitCode(), score)
+			case a.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_UNSPECIFIED:
+				step = "turn " + sessionOutcomeLabel(a.GetOutcome())
+			default:
+				step = "running on branch " + a.GetBranch()
+			}
+			if seen[a.GetSession()] != step {
+				seen[a.GetSession()] = step
+				fmt.Fprintf(streams.Out, "%s  attempt %s %s\n", now, a.GetSession(), step)
+			}
 		}
 	}
 }

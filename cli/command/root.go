@@ -13,6 +13,9 @@ type Streams struct {
 	In  io.Reader
 	Out io.Writer
 	Err io.Writer
+	// Dir is the working directory commands resolve paths and the current
+	// git repository against; "" is the process's.
+	Dir string
 }
 
 // Root builds the `hangar` command tree. lookupEnv reads the environment
@@ -33,6 +36,10 @@ func Root(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command
 	root.AddCommand(sessionCommand(streams, lookupEnv))
 	root.AddCommand(checkpointCommand(streams, lookupEnv))
 	root.AddCommand(jobCommand(streams, lookupEnv))
+	root.AddCommand(versionCommand(streams))
+	root.Version = version()
+	root.SetVersionTemplate("hangar {{.Version}}\n")
+	applyConventions(root, lookupEnv)
 	return root
 }
 

@@ -95,12 +95,20 @@ func sandboxCommand(streams Streams, lookupEnv func(string) (string, bool)) *cob
 }
 
 func sandboxListCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
-	var env string
+	var (
+		env    string
+		output *outputFormat
+	)
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List leased and warm sandboxes",
-		Args:  cobra.NoArgs,
+		Example: `  hangar sb list
+  hangar sb list -e local -o json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
 			sb, done, err := dialSandbox(lookupEnv)
 			if err != nil {
 				return err
@@ -109,6 +117,9 @@ func sandboxListCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 			resp, err := sb.ListSandboxes(cmd.Context(), &sandboxv1.ListSandboxesRequest{Environment: env})
 			if err != nil {
 				return sandboxCallErr(err)
+			}
+			if !output.table() {
+				return writeMessage(streams.Out, output.value, resp)
 			}
 			tw := tabwriter.NewWriter(streams.Out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tENVIRONMENT\tSTATE\tHOLDER\tLEASE EXPIRES\tWORK DIR")
@@ -126,6 +137,7 @@ func sandboxListCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 		},
 	}
 	cmd.Flags().StringVarP(&env, "environment", "e", "", "only this environment's sandboxes")
+	output = addOutputFlag(cmd)
 	return cmd
 }
 
@@ -283,6 +295,20 @@ hangar exits with the shell's exit code.`,
 			defer done()
 			release := holdSandboxSession(cmd.Context(), sb, sessions, args[0], sessionv1.HoldKind_HOLD_KIND_TERMINAL, "hangar sb attach")
 			defer release()
+			// A new terminal on a session's sandbox gets what the agent's
+			// resume_command needs (a gateway run of its own, its URLs and
+			// token), for as long as it is attached.
+			if terminalID == "" {
+				if name := sandboxSessionName(cmd.Context(), sb, args[0]); name != "" {
+					if in, err := sessions.StartInteractive(cmd.Context(), &sessionv1.StartInteractiveRequest{Name: name}); err == nil {
+						open.Env = in.GetEnv()
+						fmt.Fprintf(streams.Err, "session %s: continue the agent's conversation here with: %s\n", name, in.GetCommand())
+						defer func() {
+							_, _ = sessions.EndInteractive(context.WithoutCancel(cmd.Context()), &sessionv1.EndInteractiveRequest{Name: name, Run: in.GetRun()})
+						}()
+					}
+				}
+			}
 			return sandboxAttach(cmd.Context(), sb, open, streams, detachOnEOF)
 		},
 	}

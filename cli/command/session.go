@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -185,6 +186,37 @@ func (f *sessionTurnFlags) schemaJSON() (string, error) {
 	return string(b), nil
 }
 
+// sessionRepoArg reads --repo: a directory here is sent as the absolute
+// top level of its git repository (or the absolute directory), anything
+// else as a URL.
+func sessionRepoArg(ctx context.Context, dir, repo string) string {
+	p := repo
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(dir, p)
+	}
+	if st, err := os.Stat(p); err != nil || !st.IsDir() {
+		return repo
+	}
+	if top, err := sessionGitTop(ctx, p); err == nil {
+		return top
+	}
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
+}
+
+// sessionGitTop is the top level of the git repository holding dir.
+func sessionGitTop(ctx context.Context, dir string) (string, error) {
+	cmd := exec.CommandContext(ctx, "git", "rev-parse", "--show-toplevel")
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
 // sessionUnwrapPathErr drops the path an *os.PathError repeats.
 func sessionUnwrapPathErr(err error) error {
 	var pe *os.PathError
@@ -270,17 +302,28 @@ func sessionNewCommand(streams Streams, lookupEnv func(string) (string, bool)) *
 			default:
 				return fmt.Errorf("--approvals %q: want never or ask", approval)
 			}
+			dir := streams.Dir
+			if dir == "" {
+				dir = "."
+			}
 			if fromLocal {
-				if req.FromLocal, err = sessionLocalWork(cmd.Context(), "."); err != nil {
+				if req.FromLocal, err = sessionLocalWork(cmd.Context(), dir); err != nil {
 					return err
 				}
+			}
+			switch {
+			case repo != "":
+				req.Repo = sessionRepoArg(cmd.Context(), dir, repo)
+			case env == "":
+				// The repository you are in, when hangar can read it.
+				req.WorkingRepository, _ = sessionGitTop(cmd.Context(), dir)
 			}
 			return sessionRunE(lookupEnv, func(ctx context.Context, c sessionv1.SessionServiceClient, _ []string) error {
 				resp, err := c.CreateSession(ctx, req)
 				if err != nil {
 					return sessionCallErr(err)
 				}
-				sessionWriteCreated(streams.Out, resp.GetSession(), resp.GetTurn())
+				sessionWriteCreated(streams.Out, resp)
 				if tf.wait && resp.GetTurn() != nil {
 					return sessionWaitForTurn(ctx, c, streams, resp.GetSession().GetName(), resp.GetTurn().GetNumber())
 				}
@@ -289,8 +332,8 @@ func sessionNewCommand(streams Streams, lookupEnv func(string) (string, bool)) *
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVarP(&env, "environment", "e", "", "environment to run in (the server's default, local, when unset)")
-	fl.StringVar(&repo, "repo", "", "repository URL instead of the environment's")
+	fl.StringVarP(&env, "environment", "e", "", "environment to run in (default local, on the git repository you run this in)")
+	fl.StringVar(&repo, "repo", "", "repository PATH or URL instead of the environment's (an ad-hoc environment)")
 	fl.StringVar(&branch, "branch", "", "session branch (default hangar/session/NAME)")
 	int32Flag(fl, &idle, "idle", "", 0, math.MinInt32, math.MaxInt32, "minutes idle before suspending; 0 = never (default HANGAR_SESSION_IDLE_MINUTES)")
 	fl.StringVar(&model, "model", "", "model the harness runs")
@@ -343,15 +386,18 @@ func sessionSendCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 
 func sessionListCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
 	var (
-		output string
+		output *outputFormat
 		states []string
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "Sessions, most recently active first",
-		Args:  cobra.NoArgs,
+		Example: `  hangar session list
+  hangar session list --state idle,suspended
+  hangar session list -o json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := sessionCheckOutput(output); err != nil {
+			if err := output.check(); err != nil {
 				return err
 			}
 			req := &sessionv1.ListSessionsRequest{PageSize: 200}
@@ -375,14 +421,13 @@ func sessionListCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 					}
 					req.PageToken = resp.GetNextPageToken()
 				}
-				if output == "json" {
-					return sessionWriteJSON(streams.Out, &sessionv1.ListSessionsResponse{Sessions: all})
-				}
-				return sessionFormatSessionList(streams.Out, all, time.Now())
+				return output.write(streams.Out, &sessionv1.ListSessionsResponse{Sessions: all}, func() error {
+					return sessionFormatSessionList(streams.Out, all, time.Now())
+				})
 			})(cmd, args)
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	output = addOutputFlag(cmd)
 	cmd.Flags().StringSliceVar(&states, "state", nil, "only sessions in these states (idle, suspended, ...)")
 	return cmd
 }
@@ -396,31 +441,16 @@ func sessionParseState(s string) (sessionv1.SessionState, error) {
 	return sessionv1.SessionState(v), nil
 }
 
-func sessionCheckOutput(o string) error {
-	if o != "text" && o != "json" {
-		return fmt.Errorf("-o %q: want text or json", o)
-	}
-	return nil
-}
-
-// sessionWriteJSON prints a message as protojson, indented.
-func sessionWriteJSON(w io.Writer, m proto.Message) error {
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(w, "%s\n", b)
-	return err
-}
-
 func sessionGetCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
-	var output string
+	var output *outputFormat
 	cmd := &cobra.Command{
 		Use:   "get NAME",
 		Short: "A session's state, turns, summaries, checkpoints, usage and resume_command",
-		Args:  sessionArgs(1, 1),
+		Example: `  hangar session get onboarding
+  hangar session get onboarding -o yaml`,
+		Args: sessionArgs(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := sessionCheckOutput(output); err != nil {
+			if err := output.check(); err != nil {
 				return err
 			}
 			return sessionRunE(lookupEnv, func(ctx context.Context, c sessionv1.SessionServiceClient, args []string) error {
@@ -428,14 +458,13 @@ func sessionGetCommand(streams Streams, lookupEnv func(string) (string, bool)) *
 				if err != nil {
 					return sessionCallErr(err)
 				}
-				if output == "json" {
-					return sessionWriteJSON(streams.Out, resp.GetSession())
-				}
-				return sessionFormatSession(streams.Out, resp.GetSession(), time.Now())
+				return output.write(streams.Out, resp.GetSession(), func() error {
+					return sessionFormatSession(streams.Out, resp.GetSession(), time.Now())
+				})
 			})(cmd, args)
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json (the raw session)")
+	output = addOutputFlag(cmd)
 	return cmd
 }
 
@@ -534,7 +563,7 @@ func sessionArchiveCommand(streams Streams, lookupEnv func(string) (string, bool
 // sessionWriteStateLine prints "session NAME is STATE: REASON".
 func sessionWriteStateLine(w io.Writer, s *sessionv1.Session) {
 	fmt.Fprintf(w, "session %s is %s", s.GetName(), sessionStateLabel(s.GetState()))
-	if s.GetStateReason() != "" {
+	if s.GetStateReason() != "" && s.GetStateReason() != sessionStateLabel(s.GetState()) {
 		fmt.Fprintf(w, ": %s", sessionOneLine(s.GetStateReason()))
 	}
 	fmt.Fprintln(w)
@@ -544,20 +573,67 @@ func sessionEventsCommand(streams Streams, lookupEnv func(string) (string, bool)
 	var (
 		follow bool
 		turn   int32
+		output *outputFormat
 	)
 	cmd := &cobra.Command{
 		Use:   "events NAME",
 		Short: "What the agent did: messages, commands, file changes, errors, usage",
-		Args:  sessionArgs(1, 1),
+		Example: `  hangar session events onboarding
+  hangar session events onboarding --turn 2
+  hangar session events onboarding --follow
+  hangar session events onboarding -o json   # with --follow: one JSON object a line`,
+		Args: sessionArgs(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if turn < 0 {
 				return fmt.Errorf("--turn %d: want a turn number (1, 2, ...)", turn)
 			}
+			if err := output.check(); err != nil {
+				return err
+			}
 			return sessionRunE(lookupEnv, func(ctx context.Context, c sessionv1.SessionServiceClient, args []string) error {
-				return sessionEvents(ctx, c, streams.Out, args[0], turn, follow)
+				var listed []*sessionv1.Event
+				emit := func(e *sessionv1.Event, now time.Time, live bool) error {
+					switch {
+					case output.table():
+						_, err := fmt.Fprintln(streams.Out, sessionFormatEvent(e, now))
+						return err
+					case !live:
+						listed = append(listed, e)
+						return nil
+					case output.value == "json":
+						b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(e)
+						if err != nil {
+							return err
+						}
+						_, err = fmt.Fprintf(streams.Out, "%s\n", b)
+						return err
+					default:
+						fmt.Fprintln(streams.Out, "---")
+						return writeMessage(streams.Out, "yaml", e)
+					}
+				}
+				flush := func() error {
+					if output.table() {
+						return nil
+					}
+					if output.value == "json" && follow {
+						for _, e := range listed {
+							if err := emit(e, time.Time{}, true); err != nil {
+								return err
+							}
+						}
+						listed = nil
+						return nil
+					}
+					err := writeMessage(streams.Out, output.value, &sessionv1.ListEventsResponse{Events: listed})
+					listed = nil
+					return err
+				}
+				return sessionEvents(ctx, c, args[0], turn, follow, emit, flush)
 			})(cmd, args)
 		},
 	}
+	output = addOutputFlag(cmd)
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing events as they happen (Ctrl-C to stop)")
 	int32Flag(cmd.Flags(), &turn, "turn", "", 0, math.MinInt32, math.MaxInt32, "only this turn's events")
 	return cmd
@@ -566,7 +642,10 @@ func sessionEventsCommand(streams Streams, lookupEnv func(string) (string, bool)
 // sessionEventPage is how many events one ListEvents call asks for.
 const sessionEventPage = 500
 
-func sessionEvents(ctx context.Context, c sessionv1.SessionServiceClient, out io.Writer, name string, turn int32, follow bool) error {
+// sessionEvents lists a session's events through emit (live false), calls
+// flush, then with follow emits each new one as it comes (live true).
+func sessionEvents(ctx context.Context, c sessionv1.SessionServiceClient, name string, turn int32, follow bool,
+	emit func(e *sessionv1.Event, now time.Time, live bool) error, flush func() error) error {
 	var after int64
 	for {
 		resp, err := c.ListEvents(ctx, &sessionv1.ListEventsRequest{Name: name, AfterSeq: after, Turn: turn, PageSize: sessionEventPage})
@@ -576,7 +655,9 @@ func sessionEvents(ctx context.Context, c sessionv1.SessionServiceClient, out io
 		evs := resp.GetEvents()
 		now := time.Now()
 		for _, e := range evs {
-			fmt.Fprintln(out, sessionFormatEvent(e, now))
+			if err := emit(e, now, false); err != nil {
+				return err
+			}
 			if e.GetSeq() > after {
 				after = e.GetSeq()
 			}
@@ -584,6 +665,9 @@ func sessionEvents(ctx context.Context, c sessionv1.SessionServiceClient, out io
 		if len(evs) < sessionEventPage {
 			break
 		}
+	}
+	if err := flush(); err != nil {
+		return err
 	}
 	if !follow {
 		return nil
@@ -610,22 +694,31 @@ func sessionEvents(ctx context.Context, c sessionv1.SessionServiceClient, out io
 			continue
 		}
 		after = e.GetSeq()
-		fmt.Fprintln(out, sessionFormatEvent(e, time.Now()))
+		if err := emit(e, time.Now(), true); err != nil {
+			return err
+		}
 	}
 }
 
 func sessionArtifactsCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
 	var (
-		get, output string
-		turn        int32
+		get, to string
+		turn    int32
+		output  *outputFormat
 	)
 	cmd := &cobra.Command{
 		Use:   "artifacts NAME",
 		Short: "Files the agent handed back; --get PATH downloads one",
-		Args:  sessionArgs(1, 1),
+		Example: `  hangar session artifacts onboarding
+  hangar session artifacts onboarding --get report.md
+  hangar session artifacts onboarding --get report.md --to - | less`,
+		Args: sessionArgs(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if output != "" && get == "" {
-				return errors.New("-o FILE goes with --get PATH")
+			if to != "" && get == "" {
+				return errors.New("--to FILE goes with --get PATH")
+			}
+			if err := output.check(); err != nil {
+				return err
 			}
 			if turn < 0 {
 				return fmt.Errorf("--turn %d: want a turn number (1, 2, ...)", turn)
@@ -636,13 +729,13 @@ func sessionArtifactsCommand(streams Streams, lookupEnv func(string) (string, bo
 					if err != nil {
 						return sessionCallErr(err)
 					}
-					return sessionFormatArtifacts(streams.Out, resp.GetArtifacts())
+					return output.write(streams.Out, resp, func() error { return sessionFormatArtifacts(streams.Out, resp.GetArtifacts()) })
 				}
 				resp, err := c.GetArtifact(ctx, &sessionv1.GetArtifactRequest{Name: args[0], Path: get, Turn: turn})
 				if err != nil {
 					return sessionCallErr(err)
 				}
-				dest := output
+				dest := to
 				if dest == "" {
 					dest = filepath.Base(get)
 				}
@@ -650,7 +743,7 @@ func sessionArtifactsCommand(streams Streams, lookupEnv func(string) (string, bo
 					_, err := streams.Out.Write(resp.GetContent())
 					return err
 				}
-				if err := sessionWriteNewFile(dest, resp.GetContent(), output == ""); err != nil {
+				if err := sessionWriteNewFile(dest, resp.GetContent(), to == ""); err != nil {
 					return err
 				}
 				fmt.Fprintf(streams.Out, "wrote %s (turn %d, %s) to %s\n", resp.GetArtifact().GetPath(), resp.GetArtifact().GetTurn(), sessionSizeLabel(int64(len(resp.GetContent()))), dest)
@@ -659,7 +752,8 @@ func sessionArtifactsCommand(streams Streams, lookupEnv func(string) (string, bo
 		},
 	}
 	cmd.Flags().StringVar(&get, "get", "", "download the artifact at PATH")
-	cmd.Flags().StringVarP(&output, "output", "o", "", "with --get: write to FILE (- for stdout; default the artifact's name here)")
+	cmd.Flags().StringVar(&to, "to", "", "with --get: write to FILE (- for stdout; default the artifact's name here)")
+	output = addOutputFlag(cmd)
 	int32Flag(cmd.Flags(), &turn, "turn", "", 0, math.MinInt32, math.MaxInt32, "only this turn's artifacts (default every turn's; with --get the newest that has it)")
 	return cmd
 }
@@ -673,7 +767,7 @@ func sessionWriteNewFile(path string, content []byte, keep bool) error {
 	}
 	f, err := os.OpenFile(path, flags, 0o644)
 	if errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("%s already exists: choose another file with -o", path)
+		return fmt.Errorf("%s already exists: choose another file with --to", path)
 	}
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, sessionUnwrapPathErr(err))
@@ -686,11 +780,13 @@ func sessionWriteNewFile(path string, content []byte, keep bool) error {
 }
 
 func sessionPatchCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
-	var output string
+	var to string
 	cmd := &cobra.Command{
 		Use:   "patch NAME",
 		Short: "The session's work as one patch against its base (even while suspended)",
-		Args:  sessionArgs(1, 1),
+		Example: `  hangar session patch onboarding | git apply
+  hangar session patch onboarding --to onboarding.patch`,
+		Args: sessionArgs(1, 1),
 		RunE: sessionRunE(lookupEnv, func(ctx context.Context, c sessionv1.SessionServiceClient, args []string) error {
 			resp, err := c.GetSessionPatch(ctx, &sessionv1.GetSessionPatchRequest{Name: args[0]})
 			if err != nil {
@@ -703,21 +799,21 @@ func sessionPatchCommand(streams Streams, lookupEnv func(string) (string, bool))
 			if resp.GetCheckpointId() != "" {
 				from += ", from checkpoint " + resp.GetCheckpointId()
 			}
-			if output == "" || output == "-" {
+			if to == "" || to == "-" {
 				if resp.GetPatch() == "" {
 					fmt.Fprintf(streams.Err, "session %s has no changes (%s)\n", args[0], from)
 				}
 				_, err := io.WriteString(streams.Out, resp.GetPatch())
 				return err
 			}
-			if err := sessionWriteNewFile(output, []byte(resp.GetPatch()), false); err != nil {
+			if err := sessionWriteNewFile(to, []byte(resp.GetPatch()), false); err != nil {
 				return err
 			}
-			fmt.Fprintf(streams.Out, "wrote the patch of %s (%s, %s) to %s\n", args[0], sessionSizeLabel(int64(len(resp.GetPatch()))), from, output)
+			fmt.Fprintf(streams.Out, "wrote the patch of %s (%s, %s) to %s\n", args[0], sessionSizeLabel(int64(len(resp.GetPatch()))), from, to)
 			return nil
 		}),
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "", "write the patch to FILE instead of stdout")
+	cmd.Flags().StringVar(&to, "to", "", "write the patch to FILE instead of stdout")
 	return cmd
 }
 
@@ -784,6 +880,7 @@ func sessionApprovalsCommand(streams Streams, lookupEnv func(string) (string, bo
 	var (
 		allow, deny string
 		all         bool
+		output      *outputFormat
 	)
 	cmd := &cobra.Command{
 		Use:   "approvals NAME [--allow ID | --deny ID]",
@@ -800,13 +897,16 @@ func sessionApprovalsCommand(streams Streams, lookupEnv func(string) (string, bo
 			if (cmd.Flags().Changed("allow") || cmd.Flags().Changed("deny")) && id == "" {
 				return errors.New("--allow and --deny take an approval ID (see hangar session approvals NAME)")
 			}
+			if err := output.check(); err != nil {
+				return err
+			}
 			return sessionRunE(lookupEnv, func(ctx context.Context, c sessionv1.SessionServiceClient, args []string) error {
 				if id == "" {
 					resp, err := c.ListApprovals(ctx, &sessionv1.ListApprovalsRequest{Name: args[0], All: all})
 					if err != nil {
 						return sessionCallErr(err)
 					}
-					return sessionFormatApprovals(streams.Out, resp.GetApprovals(), time.Now())
+					return output.write(streams.Out, resp, func() error { return sessionFormatApprovals(streams.Out, resp.GetApprovals(), time.Now()) })
 				}
 				resp, err := c.AnswerApproval(ctx, &sessionv1.AnswerApprovalRequest{Name: args[0], ApprovalId: id, Allow: allowed})
 				if err != nil {
@@ -821,6 +921,7 @@ func sessionApprovalsCommand(streams Streams, lookupEnv func(string) (string, bo
 	cmd.Flags().StringVar(&allow, "allow", "", "let the tool call with this ID run")
 	cmd.Flags().StringVar(&deny, "deny", "", "refuse the tool call with this ID")
 	cmd.Flags().BoolVar(&all, "all", false, "include answered ones")
+	output = addOutputFlag(cmd)
 	return cmd
 }
 

@@ -50,7 +50,7 @@ func TestSessionBadInputIsOneLine(t *testing.T) {
 		{"send with an empty message", []string{"session", "send", "a", ""}, "MESSAGE is empty"},
 		{"keep without --idle", []string{"session", "keep", "a"}, "--idle MIN is required"},
 		{"keep with negative idle", []string{"session", "keep", "a", "--idle", "-3"}, "--idle -3: want minutes"},
-		{"get with a bad -o", []string{"session", "get", "a", "-o", "yaml"}, `-o "yaml": want text or json`},
+		{"get with a bad -o", []string{"session", "get", "a", "-o", "xml"}, `-o "xml": want table, json or yaml`},
 		{"list with a bad state", []string{"session", "list", "--state", "sleeping"}, `--state "sleeping"`},
 		{"list with arguments", []string{"session", "list", "x"}, `unknown command "x"`},
 		{"events of a negative turn", []string{"session", "events", "a", "--turn", "-1"}, "--turn -1"},
@@ -66,13 +66,13 @@ func TestSessionBadInputIsOneLine(t *testing.T) {
 		{"artifacts turn past int32", []string{"session", "artifacts", "a", "--turn", "4294967297"}, `invalid argument "4294967297" for "--turn" flag`},
 		{"exec timeout past int32 seconds", []string{"sb", "exec", "sb-1", "--timeout", "1000000h", "--", "true"}, "--timeout 1000000h0m0s: want at most 596523h14m7s"},
 		{"exec negative timeout", []string{"sb", "exec", "sb-1", "--timeout", "-1s", "--", "true"}, "--timeout -1s: want 0 or more"},
-		{"artifacts -o without --get", []string{"session", "artifacts", "a", "-o", "x"}, "-o FILE goes with --get PATH"},
+		{"artifacts --to without --get", []string{"session", "artifacts", "a", "--to", "x"}, "--to FILE goes with --get PATH"},
 		{"allow and deny", []string{"session", "approvals", "a", "--allow", "x", "--deny", "y"}, "not both"},
 		{"allow without an id", []string{"session", "approvals", "a", "--allow", ""}, "take an approval ID"},
 		{"steer with nothing", []string{"session", "steer", "a", " "}, "MESSAGE is empty"},
 		{"interrupt -w without a message", []string{"session", "interrupt", "a", "-w"}, "-w goes with a MESSAGE"},
 		{"pull outside a checkout", []string{"session", "pull", "a", "-C", t.TempDir()}, "is not a git checkout"},
-		{"no server", []string{"session", "get", "a"}, "connect"},
+		{"no server", []string{"session", "get", "a"}, "is not running: start it with `hangar up`"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := run(t, env, tc.args...)

@@ -9,17 +9,18 @@ import (
 
 // The session formatters, for the golden tests in package command_test.
 var (
-	SessionFormatList      = sessionFormatSessionList
-	SessionFormat          = sessionFormatSession
-	SessionFormatEvent     = sessionFormatEvent
-	SessionFormatOutcome   = sessionFormatOutcome
-	SessionWriteTurnEnd    = sessionWriteTurnEnd
-	SessionWriteCreated    = sessionWriteCreated
-	SessionFormatArtifacts = sessionFormatArtifacts
-	SessionFormatApprovals = sessionFormatApprovals
-	SessionTurnExit        = sessionTurnExit
-	SessionNewTurnProgress = sessionNewTurnProgress
-	SessionLocalWork       = sessionLocalWork
+	SessionFormatList       = sessionFormatSessionList
+	SessionFormat           = sessionFormatSession
+	SessionFormatEvent      = sessionFormatEvent
+	SessionFormatOutcome    = sessionFormatOutcome
+	SessionWriteTurnEnd     = sessionWriteTurnEnd
+	SessionWriteCreated     = sessionWriteCreated
+	SessionWriteTurnStarted = sessionWriteTurnStarted
+	SessionFormatArtifacts  = sessionFormatArtifacts
+	SessionFormatApprovals  = sessionFormatApprovals
+	SessionTurnExit         = sessionTurnExit
+	SessionNewTurnProgress  = sessionNewTurnProgress
+	SessionLocalWork        = sessionLocalWork
 )
 
 // Println and Stop drive a progress writer from tests.

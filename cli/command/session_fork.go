@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -51,14 +53,7 @@ func sessionForkCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 				if !wait || req.Message == "" {
 					return nil
 				}
-				var errs []error
-				for _, f := range resp.GetForks() {
-					// The fork's own first turn follows its inherited ones.
-					if err := sessionWaitForTurn(ctx, c, streams, f.GetName(), 0); err != nil {
-						errs = append(errs, fmt.Errorf("%s: %w", f.GetName(), err))
-					}
-				}
-				return errors.Join(errs...)
+				return sessionWaitForForks(ctx, c, streams, resp.GetForks())
 			})(cmd, args)
 		},
 	}
@@ -72,4 +67,48 @@ func sessionForkCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 // sessionStateName is a state's short name ("idle", "suspended").
 func sessionStateName(s sessionv1.SessionState) string {
 	return strings.ToLower(strings.TrimPrefix(s.String(), "SESSION_STATE_"))
+}
+
+// sessionWaitForForks follows every fork's first turn at once: each event
+// line tagged with its fork's name, then one summary line per fork. It
+// fails as the first fork (in order) whose turn did not complete.
+func sessionWaitForForks(ctx context.Context, c sessionv1.SessionServiceClient, streams Streams, forks []*sessionv1.Session) error {
+	p := sessionNewTurnProgress(streams.Out, sessionIsTerminal(streams.Out), fmt.Sprintf("%d forks running", len(forks)), time.Now)
+	defer p.stop()
+	width := 0
+	for _, f := range forks {
+		width = max(width, len(f.GetName()))
+	}
+	turns := make([]*sessionv1.Turn, len(forks))
+	errs := make([]error, len(forks))
+	var wg sync.WaitGroup
+	for i, f := range forks {
+		tag := fmt.Sprintf("[%-*s] ", width, f.GetName())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stop := sessionWatchApprovals(ctx, c, f.GetName(), tag, sessionApprovalPoll, p.println)
+			defer stop()
+			// The fork's own first turn follows its inherited ones (0: the newest).
+			turns[i], errs[i] = sessionFollowTurn(ctx, c, f.GetName(), 0, func(e *sessionv1.Event) {
+				p.println(tag + sessionFormatEvent(e, time.Now()))
+			})
+		}()
+	}
+	wg.Wait()
+	p.stop()
+	fmt.Fprintln(streams.Out, "\nforks:")
+	var exit error
+	for i, f := range forks {
+		if errs[i] != nil {
+			fmt.Fprintf(streams.Out, "  %-*s  %s\n", width, f.GetName(), errs[i])
+			exit = errors.Join(exit, fmt.Errorf("%s: %w", f.GetName(), errs[i]))
+			continue
+		}
+		fmt.Fprintf(streams.Out, "  %-*s  %s · branch %s · hangar session patch %s\n", width, f.GetName(), sessionFormatOutcome(turns[i]), f.GetBranch(), f.GetName())
+		if e := sessionTurnExit(turns[i]); e != nil && exit == nil {
+			exit = e
+		}
+	}
+	return exit
 }

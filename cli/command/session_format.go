@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/url"
 	"strings"
 	"time"
 
@@ -145,6 +146,8 @@ func sessionCost(usd float64) string {
 	return fmt.Sprintf("$%.2f", usd)
 }
 
+// sessionSizeLabel is the one size unit every command prints: B, KB, MB,
+// GB of 1024 (the MB of HANGAR_SESSION_MAX_UNTRACKED_MB).
 func sessionSizeLabel(n int64) string {
 	switch {
 	case n < 1<<10:
@@ -244,13 +247,31 @@ func sessionWriteTurnEnd(w io.Writer, name string, t *sessionv1.Turn) {
 }
 
 // sessionWriteCreated prints what session new made.
-func sessionWriteCreated(w io.Writer, s *sessionv1.Session, t *sessionv1.Turn) {
-	fmt.Fprintf(w, "created session %s: %s on environment %s, branch %s\n", s.GetName(), sessionHarnessLabel(s.GetHarness()), s.GetEnvironment(), s.GetBranch())
+func sessionWriteCreated(w io.Writer, resp *sessionv1.CreateSessionResponse) {
+	s, t := resp.GetSession(), resp.GetTurn()
+	fmt.Fprintf(w, "created session %s on %s", s.GetName(), sessionRepoLabel(resp.GetRepository()))
+	if c := resp.GetBaseCommit(); c != "" {
+		fmt.Fprintf(w, " at %s", sessionShortCommit(c))
+	}
+	fmt.Fprintf(w, " (environment %s): %s, branch %s\n", s.GetEnvironment(), sessionHarnessLabel(s.GetHarness()), s.GetBranch())
 	if t == nil {
 		fmt.Fprintf(w, "start its first turn: hangar session send %s MESSAGE\n", s.GetName())
 		return
 	}
 	sessionWriteTurnStarted(w, s, t)
+}
+
+// sessionRepoLabel names a repository: a path as it is, a URL without
+// credentials.
+func sessionRepoLabel(repo string) string {
+	if repo == "" {
+		return "its environment's repository"
+	}
+	if u, err := url.Parse(repo); err == nil && u.User != nil {
+		u.User = nil
+		return u.String()
+	}
+	return repo
 }
 
 // sessionWriteTurnStarted prints that a turn started and how to follow it.
@@ -260,7 +281,11 @@ func sessionWriteTurnStarted(w io.Writer, s *sessionv1.Session, t *sessionv1.Tur
 		fmt.Fprintf(w, " (%s)", sessionHarnessLabel(h))
 	}
 	if st := s.GetState(); st == sessionv1.SessionState_SESSION_STATE_RESUMING {
-		fmt.Fprint(w, ", resuming the session first")
+		if t.GetNumber() == 1 {
+			fmt.Fprint(w, ", starting the session's sandbox first")
+		} else {
+			fmt.Fprint(w, ", resuming the session first")
+		}
 	}
 	fmt.Fprintf(w, "; follow it: hangar session events %s --follow --turn %d\n", s.GetName(), t.GetNumber())
 }
@@ -354,7 +379,11 @@ func sessionFormatSession(w io.Writer, s *sessionv1.Session, now time.Time) erro
 	if s.GetRepo() != "" {
 		row("repo", "%s", s.GetRepo())
 	}
-	row("branch", "%s", s.GetBranch())
+	if s.GetBaseCommit() != "" {
+		row("branch", "%s (from %s)", s.GetBranch(), sessionShortCommit(s.GetBaseCommit()))
+	} else {
+		row("branch", "%s", s.GetBranch())
+	}
 	if s.GetParentId() != "" {
 		row("fork of", "%s (checkpoint %s)", s.GetParentId(), s.GetForkedFromCheckpoint())
 	}

@@ -88,7 +88,7 @@ func sessionTurns() []*sessionv1.Turn {
 
 func sessionFull() *sessionv1.Session {
 	return &sessionv1.Session{
-		Name: "onboarding", Environment: "early-signal", Harness: sessionv1.Harness_HARNESS_CODEX, Branch: "hangar/session/onboarding",
+		Name: "onboarding", Environment: "early-signal", Harness: sessionv1.Harness_HARNESS_CODEX, Branch: "hangar/session/onboarding", BaseCommit: "3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a",
 		Model: "gpt-5-codex", State: sessionv1.SessionState_SESSION_STATE_NEEDS_INPUT, StateReason: "the agent asked a question",
 		StateChangedAt: sessionAt(-5 * time.Minute), IdleMinutes: proto.Int32(240), ConversationId: "3f2a9c",
 		CreatedAt: sessionAt(-50 * time.Hour), LastActiveAt: sessionAt(-5 * time.Minute),
@@ -213,9 +213,11 @@ func TestSessionTurnEndGolden(t *testing.T) {
 		b.WriteString("----\n")
 	}
 	s := sessionFull()
-	command.SessionWriteCreated(&b, s, nil)
+	command.SessionWriteCreated(&b, &sessionv1.CreateSessionResponse{Session: s, Repository: "/home/me/shop", BaseCommit: "3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a"})
 	s.State = sessionv1.SessionState_SESSION_STATE_RESUMING
-	command.SessionWriteCreated(&b, s, &sessionv1.Turn{Number: 1, Harness: sessionv1.Harness_HARNESS_CLAUDE})
+	command.SessionWriteCreated(&b, &sessionv1.CreateSessionResponse{Session: s, Turn: &sessionv1.Turn{Number: 1, Harness: sessionv1.Harness_HARNESS_CLAUDE},
+		Repository: "https://user:secret@example.com/shop.git", BaseCommit: "3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a"})
+	command.SessionWriteTurnStarted(&b, s, &sessionv1.Turn{Number: 3, Harness: sessionv1.Harness_HARNESS_CODEX})
 	sessionGolden(t, "session_turn_end", b.String())
 }
 

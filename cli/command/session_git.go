@@ -116,6 +116,14 @@ func sessionPullCommand(streams Streams, lookupEnv func(string) (string, bool)) 
 				if work.GetHeadCommit() == "" && work.GetBaseCommit() == "" {
 					return fmt.Errorf("session %s has no work to pull yet: it has not run", name)
 				}
+				// A session knows its base from creation on: one that never
+				// booted has nothing to pull either.
+				if work.GetHeadCommit() == work.GetBaseCommit() && len(work.GetDiff()) == 0 && len(work.GetGitBundle()) == 0 && len(work.GetGitBundles()) == 0 {
+					if got, err := c.GetSession(ctx, &sessionv1.GetSessionRequest{Name: name}); err == nil &&
+						got.GetSession().GetSandboxId() == "" && len(got.GetSession().GetCheckpoints()) == 0 {
+						return fmt.Errorf("session %s has no work to pull yet: it has not run", name)
+					}
+				}
 				return sessionPullFromWork(ctx, g, streams.Out, work, branch, checkout)
 			})(cmd, args)
 		},
@@ -146,7 +154,17 @@ func sessionPullFromWork(ctx context.Context, g sessionGit, out io.Writer, work 
 	if len(bundles) == 0 && len(work.GetGitBundle()) > 0 {
 		bundles = [][]byte{work.GetGitBundle()}
 	}
+	if tip == "" {
+		tip = work.GetBaseCommit()
+	}
+	// A second pull (say pull, then pull --checkout) finds the branch the
+	// first one made: at the session's tip it is used as it is.
+	existing, _ := g.run(ctx, nil, "rev-parse", "--verify", "--quiet", "refs/heads/"+branch)
 	switch {
+	case existing != "" && existing == tip:
+		fmt.Fprintf(out, "branch %s is already at the session's %s\n", branch, sessionShortCommit(tip))
+	case existing != "" && len(bundles) == 0:
+		return fmt.Errorf("branch %s exists at %s, not at the session's %s: delete it (git branch -D %s) and pull again", branch, sessionShortCommit(existing), sessionShortCommit(tip), branch)
 	case len(bundles) == 1:
 		if err := sessionFetchBundle(ctx, g, bundles[0], work.GetBranch(), branch); err != nil {
 			return err
@@ -158,9 +176,6 @@ func sessionPullFromWork(ctx context.Context, g sessionGit, out io.Writer, work 
 		}
 		fmt.Fprintf(out, "fetched the session's commits (%s, a chain of %d bundles) into branch %s\n", work.GetBranch(), len(bundles), branch)
 	default:
-		if tip == "" {
-			tip = work.GetBaseCommit()
-		}
 		if _, err := g.run(ctx, nil, "branch", branch, tip); err != nil {
 			return err
 		}

@@ -38,39 +38,104 @@ func sessionTurnExit(t *sessionv1.Turn) error {
 }
 
 // sessionWaitForTurn follows a turn with WaitForTurn: each event as a line as it
-// arrives, a spinner while nothing happens (on a terminal only), then the
+// arrives, tool calls waiting on approval with the command that answers
+// them, a spinner while nothing happens (on a terminal only), then the
 // outcome and the agent's result.
 func sessionWaitForTurn(ctx context.Context, c sessionv1.SessionServiceClient, streams Streams, name string, number int32) error {
+	p := sessionNewTurnProgress(streams.Out, sessionIsTerminal(streams.Out), fmt.Sprintf("turn %d running", number), time.Now)
+	defer p.stop()
+	stopApprovals := sessionWatchApprovals(ctx, c, name, "", sessionApprovalPoll, p.println)
+	t, err := sessionFollowTurn(ctx, c, name, number, func(e *sessionv1.Event) { p.println(sessionFormatEvent(e, time.Now())) })
+	stopApprovals()
+	p.stop()
+	if err != nil {
+		return err
+	}
+	sessionWriteTurnEnd(streams.Out, name, t)
+	return sessionTurnExit(t)
+}
+
+// sessionFollowTurn streams a turn's updates: each event to onEvent, then
+// the finished turn.
+func sessionFollowTurn(ctx context.Context, c sessionv1.SessionServiceClient, name string, number int32, onEvent func(*sessionv1.Event)) (*sessionv1.Turn, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := c.WaitForTurn(ctx, &sessionv1.WaitForTurnRequest{Name: name, Turn: number})
 	if err != nil {
-		return sessionCallErr(err)
+		return nil, sessionCallErr(err)
 	}
-	p := sessionNewTurnProgress(streams.Out, sessionIsTerminal(streams.Out), fmt.Sprintf("turn %d running", number), time.Now)
-	defer p.stop()
 	for {
 		resp, err := stream.Recv()
 		switch {
 		case errors.Is(err, io.EOF):
-			p.stop()
-			return fmt.Errorf("the server stopped sending turn %d of %s before it ended: see hangar session get %s", number, name, name)
+			return nil, fmt.Errorf("the server stopped sending turn %d of %s before it ended: see hangar session get %s", number, name, name)
 		case status.Code(err) == codes.Canceled || (err != nil && ctx.Err() != nil):
-			p.stop()
-			return fmt.Errorf("stopped waiting; turn %d of %s goes on (follow it: hangar session events %s --follow --turn %d)", number, name, name, number)
+			return nil, fmt.Errorf("stopped waiting; turn %d of %s goes on (follow it: hangar session events %s --follow --turn %d)", number, name, name, number)
 		case err != nil:
-			p.stop()
-			return sessionCallErr(err)
+			return nil, sessionCallErr(err)
 		}
 		switch u := resp.GetUpdate().(type) {
 		case *sessionv1.WaitForTurnResponse_Progress:
-			p.println(sessionFormatEvent(u.Progress, time.Now()))
+			onEvent(u.Progress)
 		case *sessionv1.WaitForTurnResponse_Result:
-			p.stop()
-			sessionWriteTurnEnd(streams.Out, name, u.Result)
-			return sessionTurnExit(u.Result)
+			return u.Result, nil
 		}
 	}
+}
+
+// sessionApprovalPoll is how often -w looks for tool calls waiting on
+// approval (the contract pushes no event for them; one ListApprovals is a
+// Redis read and a gateway call, well under a millisecond on loopback).
+const sessionApprovalPoll = time.Second
+
+// sessionWatchApprovals, for a session under --approvals ask, prints each
+// tool call that starts waiting on approval, once, with the commands that
+// answer it, until the returned function is called.
+func sessionWatchApprovals(ctx context.Context, c sessionv1.SessionServiceClient, name, prefix string, every time.Duration, println func(string)) func() {
+	got, err := c.GetSession(ctx, &sessionv1.GetSessionRequest{Name: name})
+	if err != nil || got.GetSession().GetApprovals() != sessionv1.ApprovalMode_APPROVAL_MODE_ASK {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		seen := map[string]bool{}
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			resp, err := c.ListApprovals(ctx, &sessionv1.ListApprovalsRequest{Name: name})
+			if err == nil {
+				for _, a := range resp.GetApprovals() {
+					if seen[a.GetId()] || a.GetState() != sessionv1.ApprovalState_APPROVAL_STATE_PENDING {
+						continue
+					}
+					seen[a.GetId()] = true
+					println(prefix + sessionFormatPendingApproval(name, a))
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// sessionFormatPendingApproval is one waiting tool call and how to answer
+// it.
+func sessionFormatPendingApproval(name string, a *sessionv1.Approval) string {
+	input := sessionOneLine(a.GetInputJson())
+	if len(input) > 120 {
+		input = input[:117] + "..."
+	}
+	return fmt.Sprintf("approval needed: %s %s\n  allow: hangar session approvals %s --allow %s\n  deny:  hangar session approvals %s --deny %s",
+		a.GetToolName(), input, name, a.GetId(), name, a.GetId())
 }
 
 // sessionIsTerminal says whether w is a terminal (a spinner makes sense there and

@@ -290,8 +290,15 @@ func (s *stack) execSplit(t testing.TB, sandboxID, script string) (stdout, stder
 // stderr and the error main would print after "hangar: ".
 func (s *stack) run(t testing.TB, stdin string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
+	return s.runIn(t, "", stdin, args...)
+}
+
+// runIn is run with dir as the working directory ("" is the process's: the
+// repository `hangar up` started in).
+func (s *stack) runIn(t testing.TB, dir, stdin string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
 	var out, errOut bytes.Buffer
-	err = command.Execute(context.Background(), command.Streams{In: strings.NewReader(stdin), Out: &out, Err: &errOut}, args, lookup(s.env))
+	err = command.Execute(context.Background(), command.Streams{In: strings.NewReader(stdin), Out: &out, Err: &errOut, Dir: dir}, args, lookup(s.env))
 	return out.String(), errOut.String(), err
 }
 

@@ -92,7 +92,7 @@ func TestEveryPortRefusesBeforeReading(t *testing.T) {
 			runtime.ReadMemStats(&after)
 			allocated := after.TotalAlloc - before.TotalAlloc
 			t.Logf("unauthenticated 100 MB: %d, allocated %.1f MB", code, float64(allocated)/(1<<20))
-			if code != http.StatusUnauthorized || !strings.Contains(body, `"code":16`) {
+			if code != http.StatusUnauthorized || !strings.Contains(body, `"code":"UNAUTHENTICATED"`) {
 				t.Errorf("unauthenticated 100 MB body: %d %q, want 401", code, body)
 			}
 			if allocated >= 20<<20 {
@@ -253,12 +253,12 @@ func TestUnknownEnumsAreRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		var got struct {
-			Code    int    `json:"code"`
+			Code    string `json:"code"`
 			Message string `json:"message"`
 		}
 		err = json.NewDecoder(resp.Body).Decode(&got)
 		_ = resp.Body.Close()
-		if err != nil || resp.StatusCode != http.StatusBadRequest || got.Code != int(codes.InvalidArgument) ||
+		if err != nil || resp.StatusCode != http.StatusBadRequest || got.Code != "INVALID_ARGUMENT" ||
 			!strings.HasPrefix(got.Message, "harness: unknown value ") || !strings.HasSuffix(got.Message, allowed) {
 			t.Errorf("POST /api/sessions %s = %d %+v (%v), want 400 naming harness and %s", body, resp.StatusCode, got, err, allowed)
 		}

@@ -35,6 +35,13 @@ func startEnv(t *testing.T, extra map[string]string) *up.Stack {
 // through the gateway's data plane with the run's token.
 func modelCall(t *testing.T, stack *up.Stack) string {
 	t.Helper()
+	body, _ := modelCallUsage(t, stack)
+	return body
+}
+
+// modelCallUsage is modelCall, and the run's usage after it.
+func modelCallUsage(t *testing.T, stack *up.Stack) (string, *gatewayv1.Usage) {
+	t.Helper()
 	conn, err := rpc.Dial(strings.TrimPrefix(stack.URL, "http://"), rpc.ClientOptions{Token: stack.Token})
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +65,11 @@ func modelCall(t *testing.T, stack *up.Stack) string {
 	if resp.StatusCode != 200 {
 		t.Fatalf("model call: %d %s", resp.StatusCode, b)
 	}
-	return string(b)
+	run, err := gatewayv1.NewGatewayServiceClient(conn).GetRun(context.Background(), &gatewayv1.GetRunRequest{Run: created.GetRun().GetId()})
+	if err != nil {
+		t.Fatalf("GetRun: %v", err)
+	}
+	return string(b), run.GetRun().GetUsage()
 }
 
 func TestOfflineUsesScriptedUpstream(t *testing.T) {
@@ -66,8 +77,13 @@ func TestOfflineUsesScriptedUpstream(t *testing.T) {
 	if !strings.HasPrefix(stack.OfflineModel, "http://127.0.0.1:") {
 		t.Fatalf("OfflineModel = %q", stack.OfflineModel)
 	}
-	if got := modelCall(t, stack); !strings.Contains(got, "hangar offline demo model") {
+	got, usage := modelCallUsage(t, stack)
+	if !strings.Contains(got, "hangar offline demo model") {
 		t.Errorf("answer %s", got)
+	}
+	// The offline model costs nothing, whatever model the CLI names.
+	if usage.GetInputTokens() == 0 || usage.GetCostUsd() != 0 {
+		t.Errorf("offline usage = %v, want tokens counted at $0.00", usage)
 	}
 }
 

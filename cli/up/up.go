@@ -51,7 +51,12 @@ import (
 type Config struct {
 	config.Common
 	// Addr is the front door: the one URL clients use.
-	Addr string `env:"HANGAR_ADDR" flag:"addr" default:"127.0.0.1:7400" help:"host:port of the front door (HANGAR_URL for clients)"`
+	Addr string `env:"HANGAR_ADDR" flag:"addr" default:"127.0.0.1:7400" help:"host:port of the front door (HANGAR_URL for clients); the services listen on the next five ports unless their own address is set"`
+	// Port replaces Addr's port: a second hangar needs only --port.
+	Port int `env:"HANGAR_PORT" flag:"port" min:"0" max:"65530" help:"the front door's port (0: HANGAR_ADDR's); the services take the next five"`
+	// Verbose shows every record at the log level on the terminal, not
+	// only warnings and errors (the log file has them all either way).
+	Verbose bool `env:"HANGAR_VERBOSE" flag:"v" help:"show every log record on the terminal, not only warnings and errors"`
 
 	// SessionClock drives the session service's idle clock (tests); zero
 	// means real time.
@@ -86,6 +91,8 @@ type Stack struct {
 	// operator opted out: HANGAR_SANDBOX_ISOLATION=none) or "unavailable"
 	// (bubblewrap cannot run here: sandboxes do not start).
 	SandboxIsolation string
+	// AgentCLIs are the agent CLIs turns would run, found or not.
+	AgentCLIs []sessionapp.AgentCLI
 
 	done chan struct{}
 	err  error
@@ -260,6 +267,7 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		cleanup = append(cleanup, model.close)
 		overlay["HANGAR_ANTHROPIC_URL"] = model.URL
 		overlay["HANGAR_OPENAI_URL"] = model.URL + "/v1"
+		overlay["HANGAR_MODEL_FREE"] = "true"
 	}
 	env := func(name string) (string, bool) {
 		if v, ok := overlay[name]; ok {
@@ -268,8 +276,22 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		return lookupEnv(name)
 	}
 
-	// Every service's settings are checked before anything listens.
+	// One base port: the services listen on the five ports after the front
+	// door's, unless their own address is set.
+	frontAddr, err := frontDoorAddr(cfg.Addr, cfg.Port)
+	if err != nil {
+		return fail(err)
+	}
 	all := specs(cfg.SessionClock, redis != nil)
+	for i, spec := range all {
+		if v, ok := lookupEnv(spec.addrVar); !ok || v == "" {
+			if addr := serviceAddr(frontAddr, i+1); addr != "" {
+				overlay[spec.addrVar] = addr
+			}
+		}
+	}
+
+	// Every service's settings are checked before anything listens.
 	addrs := make([]string, len(all))
 	for i, spec := range all {
 		if addrs[i], err = spec.addr(env); err != nil {
@@ -277,7 +299,7 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		}
 	}
 
-	front, err := service.Listen(cfg.Addr, "HANGAR_ADDR")
+	front, err := service.Listen(frontAddr, "HANGAR_ADDR")
 	if err != nil {
 		return fail(err)
 	}
@@ -340,6 +362,9 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		closeUnstarted(apps, listeners)
 		return fail(err)
 	}
+	if sessionCfg, err := sessionapp.LoadConfig(nil, nil, env); err == nil {
+		stack.AgentCLIs = sessionapp.FindAgentCLIs(ctx, sessionCfg)
+	}
 	if err := os.WriteFile(filepath.Join(cfg.Home, "endpoint"), []byte(stack.URL+"\n"), 0o600); err != nil {
 		closeUnstarted(apps, listeners)
 		return fail(fmt.Errorf("HANGAR_HOME=%s: cannot write the endpoint file: %w", cfg.Home, err))
@@ -382,6 +407,10 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 	}()
 	return stack, nil
 }
+
+// StopStepMessage is the log message of each step of the ordered stop
+// (attributes step and took): `hangar up` shows these on the terminal.
+const StopStepMessage = "stopped"
 
 // Stop stages: a stage starts stopping once every part of the stages
 // before it has stopped.
@@ -475,7 +504,7 @@ func stopInOrder(ctx context.Context, parts []*part, logger *slog.Logger) error 
 				errs = append(errs, fmt.Errorf("%s: %w", p.name, p.err))
 			}
 		}
-		logger.Info("stopped", "step", stageNames[stage], "took", time.Since(started).Round(time.Millisecond))
+		logger.Info(StopStepMessage, "step", stageNames[stage], "took", time.Since(started).Round(time.Millisecond))
 	}
 	return errors.Join(errs...)
 }
@@ -488,6 +517,36 @@ func closeUnstarted(apps []app, listeners []net.Listener) {
 	for i := len(apps) - 1; i >= 0; i-- {
 		_ = apps[i].Run(ctx, listeners[i])
 	}
+}
+
+// frontDoorAddr is HANGAR_ADDR with its port replaced by port when set.
+func frontDoorAddr(addr string, port int) (string, error) {
+	if port == 0 {
+		return addr, nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("HANGAR_ADDR=%q: want host:port", addr)
+	}
+	return net.JoinHostPort(host, fmt.Sprint(port)), nil
+}
+
+// serviceAddr is the address of the offset-th service after the front door
+// at front: same host, port + offset (any free port when front's is 0); ""
+// when front's port is not a number.
+func serviceAddr(front string, offset int) string {
+	host, port, err := net.SplitHostPort(front)
+	if err != nil {
+		return ""
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n+offset > 65535 {
+		return ""
+	}
+	if n == 0 {
+		return net.JoinHostPort(host, "0")
+	}
+	return net.JoinHostPort(host, strconv.Itoa(n+offset))
 }
 
 // mirrorHealth copies a service's health onto the front door's health server

@@ -2,6 +2,7 @@ package up_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -307,5 +308,59 @@ func checkHTTP(t *testing.T, url, token string, want int) {
 	t.Helper()
 	if got := doHTTP(t, url, token); got != want {
 		t.Errorf("GET %s (token %q): status %d, want %d", url, token, got, want)
+	}
+}
+
+// TestOneBasePort: --port moves the front door, and the services follow on
+// the next five ports, so a second hangar needs one setting.
+func TestOneBasePort(t *testing.T) {
+	var port int
+	for try := 0; try < 20 && port == 0; try++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if p+5 > 65535 {
+			continue
+		}
+		free := true
+		for i := 1; i <= 5; i++ {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+i))
+			if err != nil {
+				free = false
+				break
+			}
+			l.Close()
+		}
+		if free {
+			port = p
+		}
+	}
+	if port == 0 {
+		t.Fatal("no six free ports in a row")
+	}
+	cfg := config(t)
+	cfg.Addr, cfg.Port = "127.0.0.1:7400", port
+	ctx, cancel := context.WithCancel(context.Background())
+	stack, err := up.Start(ctx, cfg, func(string) (string, bool) { return "", false }, quietLogger())
+	if err != nil {
+		cancel()
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := stack.Wait(); err != nil {
+			t.Errorf("stack stopped with %v", err)
+		}
+	})
+	if want := fmt.Sprintf("http://127.0.0.1:%d", port); stack.URL != want {
+		t.Errorf("URL %s, want %s", stack.URL, want)
+	}
+	for i, svc := range stack.Services {
+		if want := fmt.Sprintf("127.0.0.1:%d", port+i+1); svc.Addr != want {
+			t.Errorf("%s listens on %s, want %s", svc.Name, svc.Addr, want)
+		}
 	}
 }

@@ -65,6 +65,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 			OpenAIKey:    cfg.OpenAIAPIKey,
 		},
 		PublicURL:      publicURL,
+		Prices:         prices(cfg.FreeModel),
 		TapeDays:       cfg.TapeDays,
 		CacheTTL:       cfg.Cache,
 		StaggerSeconds: cfg.CacheStaggerSeconds,
@@ -110,4 +111,17 @@ func (a *App) Run(ctx context.Context, lis net.Listener) error {
 		a.svc.Logger().WarnContext(ctx, "redis close failed", "error", cerr)
 	}
 	return err
+}
+
+// prices is the price table's overrides: none, or with free every family at
+// $0.00 (an offline scripted upstream costs nothing).
+func prices(free bool) map[string]server.Price {
+	if !free {
+		return nil
+	}
+	out := map[string]server.Price{}
+	for family := range server.DefaultPrices() {
+		out[family] = server.Price{}
+	}
+	return out
 }

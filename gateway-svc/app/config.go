@@ -24,6 +24,9 @@ type Config struct {
 	AnthropicAPIKey string `env:"HANGAR_ANTHROPIC_API_KEY" flag:"anthropic-api-key" help:"Anthropic API key (prefer the environment variable)"`
 	OpenAIURL       string `env:"HANGAR_OPENAI_URL" flag:"openai-url" default:"https://api.openai.com/v1" help:"OpenAI API base URL, with /v1"`
 	OpenAIAPIKey    string `env:"HANGAR_OPENAI_API_KEY" flag:"openai-api-key" help:"OpenAI API key (prefer the environment variable)"`
+	// FreeModel prices every call at $0.00: hangar up sets it when its
+	// upstream is the offline scripted model.
+	FreeModel bool `env:"HANGAR_MODEL_FREE" flag:"model-free" help:"price every model call at $0.00 (hangar up's offline scripted model)"`
 
 	TapeDays            int    `env:"HANGAR_MODEL_TAPE_DAYS" flag:"model-tape-days" default:"30" min:"1" unit:"days" help:"days a run's model tape is kept"`
 	Cache               string `env:"HANGAR_CACHE" flag:"cache" default:"auto" oneof:"auto|5m|1h|off" help:"prompt-cache TTL when neither the session nor its environment sets one"`

@@ -331,6 +331,8 @@ func dialTarget(addr net.Addr) string {
 // enum names, and answers a body over the cap with 413.
 func newGatewayMux() *runtime.ServeMux {
 	return runtime.NewServeMux(
+		runtime.WithOutgoingHeaderMatcher(noMetadataHeaders),
+		runtime.WithOutgoingTrailerMatcher(noMetadataHeaders),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.HTTPBodyMarshaler{
 			Marshaler: &enumCheckingJSON{JSONPb: runtime.JSONPb{
 				MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
@@ -341,7 +343,7 @@ func newGatewayMux() *runtime.ServeMux {
 	)
 }
 
-// gatewayError is runtime.DefaultHTTPErrorHandler, except for what the body
+// gatewayError is restErrorHandler, except for what the body
 // reader saw: a body over the cap is a 413, and an unknown enum name the
 // InvalidArgument status the gRPC edge gives (with its reason and field)
 // rather than the gateway's bare one.
@@ -362,7 +364,7 @@ func gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 			}
 		}
 	}
-	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+	restErrorHandler(ctx, mux, m, w, r, err)
 }
 
 type dispatcher struct {
@@ -400,7 +402,7 @@ func (d *dispatcher) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if isGRPC {
 			writeGRPCUnauthenticated(w)
 		} else {
-			auth.WriteUnauthorized(w)
+			auth.WriteUnauthorized(w, r)
 		}
 		return
 	}
@@ -453,9 +455,9 @@ func writeTooLarge(w http.ResponseWriter, r *http.Request, limit int64) {
 	if r.ProtoMajor == 1 {
 		w.Header().Set("Connection", "close")
 	}
-	writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{
-		"code":    8,
-		"message": fmt.Sprintf("request body over the %s limit (HANGAR_MAX_REQUEST_MB)", formatLimit(limit)),
+	writeJSON(w, http.StatusRequestEntityTooLarge, RESTError{
+		Code: codeName(codes.ResourceExhausted), Reason: "REQUEST_TOO_LARGE",
+		Message: fmt.Sprintf("request body over the %s limit (HANGAR_MAX_REQUEST_MB)", formatLimit(limit)),
 	})
 }
 

@@ -226,14 +226,14 @@ func TestServer(t *testing.T) {
 			{"readyz without token", "/readyz", "", 200, "ok\n"},
 			{"openapi without token", "/openapi.json", "", 200, string(openAPI)},
 			{"metrics with token", "/metrics", token, 200, "target_info"},
-			{"metrics without token", "/metrics", "", 401, `{"code":16,"message":"missing or invalid bearer token"}`},
-			{"metrics wrong token", "/metrics", "nope", 401, `"code":16`},
+			{"metrics without token", "/metrics", "", 401, `{"code":"UNAUTHENTICATED","reason":"UNAUTHENTICATED","message":"missing or invalid bearer token"}`},
+			{"metrics wrong token", "/metrics", "nope", 401, `"code":"UNAUTHENTICATED"`},
 			{"rest with token", "/v1/health", token, 200, `{"status":"SERVING"}`},
 			{"rest with token, service field", "/v1/health?service=grpc.health.v1.Health", token, 200, `"status":"SERVING"`},
 			{"rest without token", "/v1/health", "", 401, `"message":"missing or invalid bearer token"`},
-			{"rest wrong token", "/v1/health", "nope", 401, `"code":16`},
-			{"rest unknown service", "/v1/health?service=nope", token, 404, `"code":5`},
-			{"unknown path", "/v1/nothing", token, 404, `"code":5`},
+			{"rest wrong token", "/v1/health", "nope", 401, `"code":"UNAUTHENTICATED"`},
+			{"rest unknown service", "/v1/health?service=nope", token, 404, `"code":"NOT_FOUND"`},
+			{"unknown path", "/v1/nothing", token, 404, `"code":"NOT_FOUND"`},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
@@ -241,8 +241,8 @@ func TestServer(t *testing.T) {
 				if code != tt.wantCode || !strings.Contains(body, tt.wantBody) {
 					t.Errorf("GET %s = %d %q, want %d containing %q", tt.path, code, body, tt.wantCode, tt.wantBody)
 				}
-				if code == http.StatusUnauthorized && header.Get("WWW-Authenticate") != "Bearer" {
-					t.Errorf("GET %s: WWW-Authenticate = %q, want Bearer", tt.path, header.Get("WWW-Authenticate"))
+				if code == http.StatusUnauthorized && !strings.HasPrefix(header.Get("WWW-Authenticate"), `Bearer realm="hangar"`) {
+					t.Errorf("GET %s: WWW-Authenticate = %q, want a Bearer challenge", tt.path, header.Get("WWW-Authenticate"))
 				}
 				// The health endpoints say nothing but ok.
 				if (tt.path == "/healthz" || tt.path == "/readyz") && body != "ok\n" {

@@ -303,7 +303,7 @@ func TestUnauthenticatedBodyIsNotRead(t *testing.T) {
 			if tt.wantGRPC != "" && (header.Get("Grpc-Status") != tt.wantGRPC || header.Get("Grpc-Message") != "missing or invalid bearer token") {
 				t.Errorf("grpc status = %q %q, want %s (Unauthenticated)", header.Get("Grpc-Status"), header.Get("Grpc-Message"), tt.wantGRPC)
 			}
-			if tt.wantGRPC == "" && !strings.Contains(body, `"code":16`) {
+			if tt.wantGRPC == "" && !strings.Contains(body, `"code":"UNAUTHENTICATED"`) {
 				t.Errorf("body = %q, want the Unauthenticated error", body)
 			}
 			if allocated >= budget {
@@ -331,7 +331,7 @@ func TestRequestBodyCap(t *testing.T) {
 		// base64 of n bytes is 4n/3 characters.
 		return []byte(`{"mode":"MODE_A","payload":"` + strings.Repeat("A", payloadBytes/3*4) + `"}`)
 	}
-	const tooLarge = `{"code":8,"message":"request body over the 1 MB limit (HANGAR_MAX_REQUEST_MB)"}`
+	const tooLarge = `{"code":"RESOURCE_EXHAUSTED","reason":"REQUEST_TOO_LARGE","message":"request body over the 1 MB limit (HANGAR_MAX_REQUEST_MB)"}`
 	tests := []struct {
 		name     string
 		body     io.Reader
@@ -417,31 +417,18 @@ func TestEnumsOverREST(t *testing.T) {
 				return
 			}
 			var got struct {
-				Code    int    `json:"code"`
+				Code    string `json:"code"`
+				Reason  string `json:"reason"`
 				Message string `json:"message"`
-				Details []struct {
-					Type            string `json:"@type"`
-					Reason          string `json:"reason"`
-					FieldViolations []struct {
-						Field string `json:"field"`
-					} `json:"field_violations"`
-				} `json:"details"`
+				Field   string `json:"field"`
 			}
 			if err := json.Unmarshal([]byte(body), &got); err != nil {
 				t.Fatalf("body %q: %v", body, err)
 			}
-			if got.Code != int(codes.InvalidArgument) || got.Message != tt.wantMsg {
-				t.Errorf("error = %d %q, want %d %q", got.Code, got.Message, codes.InvalidArgument, tt.wantMsg)
+			if got.Code != "INVALID_ARGUMENT" || got.Message != tt.wantMsg {
+				t.Errorf("error = %s %q, want INVALID_ARGUMENT %q", got.Code, got.Message, tt.wantMsg)
 			}
-			var reason, field string
-			for _, d := range got.Details {
-				if d.Reason != "" {
-					reason = d.Reason
-				}
-				if len(d.FieldViolations) > 0 {
-					field = d.FieldViolations[0].Field
-				}
-			}
+			reason, field := got.Reason, got.Field
 			if reason != "INVALID_ARGUMENT" || field != tt.wantField {
 				t.Errorf("details: reason %q field %q, want INVALID_ARGUMENT %q (%s)", reason, field, tt.wantField, body)
 			}
@@ -494,23 +481,11 @@ func restError(t *testing.T, body string) (message, reason, field string) {
 	t.Helper()
 	var got struct {
 		Message string `json:"message"`
-		Details []struct {
-			Reason          string `json:"reason"`
-			FieldViolations []struct {
-				Field string `json:"field"`
-			} `json:"field_violations"`
-		} `json:"details"`
+		Reason  string `json:"reason"`
+		Field   string `json:"field"`
 	}
 	if err := json.Unmarshal([]byte(body), &got); err != nil {
 		t.Fatalf("error body %q: %v", body, err)
 	}
-	for _, d := range got.Details {
-		if d.Reason != "" {
-			reason = d.Reason
-		}
-		if len(d.FieldViolations) > 0 {
-			field = d.FieldViolations[0].Field
-		}
-	}
-	return got.Message, reason, field
+	return got.Message, got.Reason, got.Field
 }

@@ -85,29 +85,42 @@ func StreamServerInterceptor(token string, exempt func(fullMethod string) bool) 
 	}
 }
 
-// unauthorizedBody is what grpc-gateway would write for codes.Unauthenticated
-// (16), so REST clients see one error shape.
-const unauthorizedBody = `{"code":16,"message":"` + Message + `"}`
+// unauthorizedBody is what the REST error handler writes for
+// codes.Unauthenticated, so REST clients see one error shape.
+const unauthorizedBody = `{"code":"UNAUTHENTICATED","reason":"UNAUTHENTICATED","message":"` + Message + `"}`
+
+// Challenge is the RFC 6750 WWW-Authenticate value of a refused request:
+// with error="invalid_token" when it carried credentials (without any, the
+// RFC says to name no error).
+func Challenge(gaveCredentials bool) string {
+	if gaveCredentials {
+		return Scheme + ` realm="hangar", error="invalid_token", error_description="` + Message + `"`
+	}
+	return Scheme + ` realm="hangar"`
+}
 
 // HTTPMiddleware passes requests whose Authorization header carries token to
-// next and answers the rest with 401 and a JSON body
-// {"code":16,"message":"missing or invalid bearer token"}.
+// next and answers the rest with 401, an RFC 6750 challenge and a JSON body
+// {"code":"UNAUTHENTICATED","reason":"UNAUTHENTICATED","message":"missing or invalid bearer token"}.
 func HTTPMiddleware(token string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !Valid(token, r.Header.Get(header)) {
-			WriteUnauthorized(w)
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("WWW-Authenticate", Challenge(r.Header.Get(header) != ""))
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(unauthorizedBody + "\n"))
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// WriteUnauthorized answers 401 with "WWW-Authenticate: Bearer" (RFC 6750)
-// and the JSON body {"code":16,"message":"missing or invalid bearer token"}.
-// It reads nothing of the request.
-func WriteUnauthorized(w http.ResponseWriter) {
+// WriteUnauthorized answers 401 with an RFC 6750 challenge (Challenge) and
+// the REST error body ({"code":"UNAUTHENTICATED",...}). It reads nothing of
+// the request but its headers.
+func WriteUnauthorized(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("WWW-Authenticate", Scheme)
+	w.Header().Set("WWW-Authenticate", Challenge(r.Header.Get(header) != ""))
 	w.WriteHeader(http.StatusUnauthorized)
 	_, _ = w.Write([]byte(unauthorizedBody + "\n"))
 }

@@ -57,8 +57,8 @@ func TestHTTPMiddleware(t *testing.T) {
 		wantBody string
 	}{
 		{"right token", "Bearer " + token, http.StatusOK, "ok"},
-		{"no token", "", http.StatusUnauthorized, `{"code":16,"message":"missing or invalid bearer token"}` + "\n"},
-		{"wrong token", "Bearer x", http.StatusUnauthorized, `{"code":16,"message":"missing or invalid bearer token"}` + "\n"},
+		{"no token", "", http.StatusUnauthorized, `{"code":"UNAUTHENTICATED","reason":"UNAUTHENTICATED","message":"missing or invalid bearer token"}` + "\n"},
+		{"wrong token", "Bearer x", http.StatusUnauthorized, `{"code":"UNAUTHENTICATED","reason":"UNAUTHENTICATED","message":"missing or invalid bearer token"}` + "\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -37,6 +37,9 @@ type Upstreams struct {
 // Price is USD per million tokens (input, output, cache read, cache write).
 type Price = runs.Price
 
+// DefaultPrices is the built-in price table, by model family.
+func DefaultPrices() map[string]Price { return runs.DefaultPrices() }
+
 // Deps are the server's dependencies and settings.
 type Deps struct {
 	Redis  *redis.Client

@@ -85,6 +85,9 @@ type Info struct {
 type ExecRequest struct {
 	Argv []string
 	Env  map[string]string
+	// PathPrepend are directories put in front of the sandbox's PATH (Env's
+	// PATH when it sets one).
+	PathPrepend []string
 	// Dir is relative to the work tree (or absolute inside the sandbox).
 	Dir string
 	// Stdin may be nil (empty stdin). The driver reads it in its own

@@ -336,3 +336,81 @@ func (s *Store) Delete(ctx context.Context, name string) error {
 	}
 	return err
 }
+
+// WithRepository returns e working on repo instead of its own repository (a
+// session's --repo, an ad-hoc environment): everything else is e's, except
+// base_ref, which named a ref of e's repository: the copy starts from
+// repo's HEAD. repo equal to e's repository (or empty) returns e.
+func WithRepository(e *Environment, repo string) (*Environment, error) {
+	repo = strings.TrimSpace(repo)
+	if repo == "" || repo == e.Repository {
+		return e, nil
+	}
+	if !isURL(repo) && !filepath.IsAbs(repo) {
+		return nil, fault.InvalidArgument("repository", "repository %q must be an absolute path or a git URL", repo)
+	}
+	c := *e
+	c.Repository, c.BaseRef, c.BuiltIn = repo, "", false
+	return &c, nil
+}
+
+// resolveTimeout bounds resolving a base: `git ls-remote` of a URL is a
+// network round trip (under a second to GitHub from a typical machine).
+const resolveTimeout = 30 * time.Second
+
+// ResolveBase returns the commit a sandbox of e created now starts from:
+// e's base_ref (HEAD when empty) in e's repository. A repository this
+// machine cannot read is REPOSITORY_UNREACHABLE, naming what is wrong.
+func ResolveBase(ctx context.Context, e *Environment) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+	defer cancel()
+	ref := e.BaseRef
+	if ref == "" {
+		ref = "HEAD"
+	}
+	repo := e.Repository
+	if fullCommit.MatchString(ref) {
+		return ref, nil
+	}
+	if isURL(repo) {
+		out, err := gitOutput(ctx, "", "ls-remote", "--", repo, ref)
+		if err != nil {
+			return "", fault.Wrap(fault.KindFailedPrecondition, "REPOSITORY_UNREACHABLE",
+				fmt.Sprintf("repository %s cannot be read from hangar's machine (git ls-remote failed): check the URL and that this machine has access", repo), err)
+		}
+		if f := strings.Fields(out); len(f) > 0 && fullCommit.MatchString(f[0]) {
+			return f[0], nil
+		}
+		return "", fault.FailedPrecondition("BASE_REF_NOT_FOUND", "base ref %q not found in %s", ref, repo)
+	}
+	st, err := os.Stat(repo)
+	if err != nil || !st.IsDir() {
+		return "", fault.FailedPrecondition("REPOSITORY_UNREACHABLE",
+			"repository %s is not a directory on hangar's machine: hangar runs elsewhere, or as another user; pass a git URL it can clone (--repo URL) or an environment (-e ENV)", repo)
+	}
+	if _, err := gitOutput(ctx, repo, "rev-parse", "--git-dir"); err != nil {
+		return "", fault.FailedPrecondition("REPOSITORY_UNREACHABLE", "%s is not a git repository", repo)
+	}
+	out, err := gitOutput(ctx, repo, "rev-parse", "--verify", "--quiet", ref+"^{commit}")
+	if err != nil {
+		if ref == "HEAD" {
+			return "", fault.FailedPrecondition("BASE_REF_NOT_FOUND", "repository %s has no commit yet: commit something first", repo)
+		}
+		return "", fault.FailedPrecondition("BASE_REF_NOT_FOUND", "base ref %q not found in %s", ref, repo)
+	}
+	return strings.TrimSpace(out), nil
+}
+
+var fullCommit = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
+
+func gitOutput(ctx context.Context, dir string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "LC_ALL=C")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}

@@ -157,3 +157,57 @@ func asFault(err error, fe **fault.Error) bool {
 	}
 	return false
 }
+
+// An ad-hoc environment (--repo) keeps everything but the repository and
+// base_ref, and its base resolves in the other repository: a path, a
+// file:// URL, or neither (unreachable, with what to do).
+func TestWithRepositoryAndResolveBase(t *testing.T) {
+	ctx := context.Background()
+	own, ownCommit := gitRepo(t)
+	other, otherCommit := gitRepo(t)
+	e := &environment.Environment{Name: "web", Repository: own, BaseRef: "main", Setup: []string{"make"}, Egress: environment.EgressNone}
+
+	if got, err := environment.WithRepository(e, own); err != nil || got != e {
+		t.Errorf("WithRepository(its own) = %v, %v; want e itself", got, err)
+	}
+	adhoc, err := environment.WithRepository(e, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if adhoc.Repository != other || adhoc.BaseRef != "" || adhoc.Setup[0] != "make" || adhoc.Egress != environment.EgressNone || e.Repository != own {
+		t.Errorf("ad-hoc environment = %+v (original %+v)", adhoc, e)
+	}
+	if _, err := environment.WithRepository(e, "relative/dir"); !fault.Is(err, fault.KindInvalidArgument) {
+		t.Errorf("relative repository: %v, want InvalidArgument", err)
+	}
+
+	for _, tc := range []struct {
+		name string
+		env  *environment.Environment
+		want string
+	}{
+		{"own main", e, ownCommit},
+		{"other HEAD", adhoc, otherCommit},
+		{"file URL", &environment.Environment{Repository: "file://" + other}, otherCommit},
+		{"a full commit as is", &environment.Environment{Repository: "https://example.invalid/x.git", BaseRef: strings.Repeat("a", 40)}, strings.Repeat("a", 40)},
+	} {
+		got, err := environment.ResolveBase(ctx, tc.env)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: ResolveBase = %q, %v; want %q", tc.name, got, err, tc.want)
+		}
+	}
+
+	for _, tc := range []struct {
+		name, repo, ref, want string
+	}{
+		{"missing path", filepath.Join(own, "nope"), "", "is not a directory on hangar's machine"},
+		{"not a repository", t.TempDir(), "", "is not a git repository"},
+		{"missing ref", own, "no-such-branch", `base ref "no-such-branch" not found`},
+		{"unreachable URL", "file://" + filepath.Join(own, "nope"), "", "cannot be read from hangar's machine"},
+	} {
+		_, err := environment.ResolveBase(ctx, &environment.Environment{Repository: tc.repo, BaseRef: tc.ref})
+		if !fault.Is(err, fault.KindFailedPrecondition) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: ResolveBase error %v, want FailedPrecondition containing %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -84,7 +84,7 @@ func (s *Server) Exec(stream sandboxv1.SandboxService_ExecServer) error {
 	defer stdinR.Close()
 	var sendMu sync.Mutex
 	proc, err := e.sb.Exec(ctx, driver.ExecRequest{
-		Argv: start.GetCommand(), Env: env, Dir: start.GetCwd(), Stdin: stdinR,
+		Argv: start.GetCommand(), Env: env, PathPrepend: start.GetPathPrepend(), Dir: start.GetCwd(), Stdin: stdinR,
 		Stdout: streamWriter{mu: &sendMu, stream: stream},
 		Stderr: streamWriter{mu: &sendMu, stream: stream, stderr: true},
 	})

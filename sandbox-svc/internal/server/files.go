@@ -20,7 +20,7 @@ func fileErr(id, path string, err error) error {
 		return &fault.Error{Kind: fault.KindInvalidArgument, Reason: "PATH_OUTSIDE_SANDBOX", Field: "path",
 			Message: "path " + quote(path) + " leaves the sandbox", Err: err}
 	case errors.Is(err, driver.ErrTooLarge):
-		return fault.Wrap(fault.KindFailedPrecondition, "FILE_TOO_LARGE", "file "+quote(path)+" is larger than 4 MiB; read it with exec (cat)", err)
+		return fault.Wrap(fault.KindFailedPrecondition, "FILE_TOO_LARGE", "file "+quote(path)+" is larger than 4 MB; read it with exec (cat)", err)
 	case errors.Is(err, driver.ErrIsDirectory):
 		return fault.Wrap(fault.KindFailedPrecondition, "IS_A_DIRECTORY", quote(path)+" is a directory", err)
 	case errors.Is(err, driver.ErrNotDirectory):

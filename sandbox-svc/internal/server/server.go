@@ -497,7 +497,16 @@ func (s *Server) GetEnvironment(ctx context.Context, req *sandboxv1.GetEnvironme
 	if err != nil {
 		return nil, err
 	}
-	return &sandboxv1.GetEnvironmentResponse{Environment: envToProto(e)}, nil
+	if e, err = environment.WithRepository(e, req.GetRepository()); err != nil {
+		return nil, err
+	}
+	resp := &sandboxv1.GetEnvironmentResponse{Environment: envToProto(e)}
+	if req.GetResolveBase() || req.GetRepository() != "" {
+		if resp.BaseCommit, err = environment.ResolveBase(ctx, e); err != nil {
+			return nil, err
+		}
+	}
+	return resp, nil
 }
 
 // ApplyEnvironment creates or replaces an environment and resizes its pool.
@@ -652,6 +661,9 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 	}
 	env, err := s.envs.Get(ctx, name)
 	if err != nil {
+		return nil, err
+	}
+	if env, err = environment.WithRepository(env, req.GetRepository()); err != nil {
 		return nil, err
 	}
 	ttl, err := ttlOf(req.GetTtlSeconds())

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -636,4 +637,69 @@ func TestCloseDestroysWithShutdown(t *testing.T) {
 	}
 	_, err = e.client.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{})
 	wantCode(t, err, codes.Unavailable, "shutting down")
+}
+
+// A session's --repo: GetEnvironment checks and resolves the other
+// repository, AcquireSandbox clones it (not the environment's), and exec's
+// path_prepend puts directories before the sandbox's own PATH, which stays.
+func TestAdHocRepositoryAndPathPrepend(t *testing.T) {
+	e := start(t, nil)
+	ctx := context.Background()
+	other, otherCommit := drivertest.NewRepo(t, map[string]string{"OTHER.md": "other\n"})
+
+	got, err := e.client.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: "local", ResolveBase: true})
+	if err != nil || got.GetBaseCommit() != e.commit || got.GetEnvironment().GetRepository() != e.repo {
+		t.Errorf("GetEnvironment(local, resolve) = %v, %v; want base %s", got, err, e.commit)
+	}
+	got, err = e.client.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: "local", Repository: other})
+	if err != nil || got.GetBaseCommit() != otherCommit || got.GetEnvironment().GetRepository() != other || got.GetEnvironment().GetName() != "local" {
+		t.Errorf("GetEnvironment(local, repository) = %v, %v; want %s at %s", got, err, other, otherCommit)
+	}
+	_, err = e.client.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: "local", Repository: filepath.Join(other, "gone")})
+	wantCode(t, err, codes.FailedPrecondition, "is not a directory on hangar's machine")
+
+	acq, err := e.client.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{Holder: "session/adhoc", WorkKey: "adhoc", Repository: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, token := acq.GetSandbox(), acq.GetLease().GetFencingToken()
+	if sb.GetBaseCommit() != otherCommit {
+		t.Errorf("ad-hoc sandbox base %s, want %s", sb.GetBaseCommit(), otherCommit)
+	}
+	res, err := execOnce(t, e.client, sb.GetId(), token, "", "cat", "OTHER.md")
+	if err != nil || res.stdout != "other\n" {
+		t.Errorf("the ad-hoc sandbox's work tree: %+v %v", res, err)
+	}
+
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "only-here"), []byte("#!/bin/sh\necho found\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := e.client.Exec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&sandboxv1.ExecRequest{Msg: &sandboxv1.ExecRequest_Start{Start: &sandboxv1.ExecStart{
+		SandboxId: sb.GetId(), FencingToken: token, PathPrepend: []string{bin},
+		Command: []string{"sh", "-c", `only-here && echo "$PATH"`},
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	stream.CloseSend()
+	var out bytes.Buffer
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := msg.GetStdout(); o != nil {
+			out.Write(o)
+		}
+		if msg.GetExit() != nil {
+			break
+		}
+	}
+	if want := "found\n" + bin + ":" + os.Getenv("PATH") + "\n"; out.String() != want {
+		t.Errorf("exec with path_prepend printed %q, want %q", out.String(), want)
+	}
 }

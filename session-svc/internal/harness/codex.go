@@ -165,15 +165,16 @@ func (p *codexParser) Line(line []byte) []Event {
 		}
 		// Codex counts cached tokens inside input_tokens, and reports the
 		// thread's totals so far (Result.UsageCumulative); the last
-		// turn.completed holds the totals.
-		u := Usage{
+		// turn.completed holds the totals. No usage event: a thread's
+		// running total is not this turn's usage, which the gateway counts
+		// (the turn's own usage event).
+		p.res.Usage = Usage{
 			InputTokens:      l.Usage.InputTokens - l.Usage.CachedInputTokens,
 			CacheReadTokens:  l.Usage.CachedInputTokens,
 			CacheWriteTokens: l.Usage.CacheWriteTokens,
 			OutputTokens:     l.Usage.OutputTokens,
 		}
-		p.res.Usage = u
-		return []Event{{Kind: EventUsage, Usage: &u, Raw: r}}
+		return nil
 	case "turn.failed":
 		p.failed = true
 		msg := "turn failed"

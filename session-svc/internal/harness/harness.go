@@ -88,8 +88,11 @@ type File struct {
 // Invocation is the command of one turn.
 type Invocation struct {
 	Argv []string
-	// Env holds the complete additions to the sandbox's environment.
+	// Env holds the complete additions to the sandbox's environment; it
+	// never sets PATH (the CLIs are found on the sandbox's own).
 	Env map[string]string
+	// PathPrepend are directories put in front of the sandbox's PATH.
+	PathPrepend []string
 	// Files are written first (config files).
 	Files []File
 	// Cwd is the work tree.
@@ -107,14 +110,7 @@ type Options struct {
 	// PiNodeBinDir is a directory holding node >= 22.19, put first on pi's
 	// PATH; "" leaves PATH alone.
 	PiNodeBinDir string
-	// BasePath is the sandbox's PATH that PiNodeBinDir is prepended to;
-	// default DefaultPath.
-	BasePath string
 }
-
-// DefaultPath is the PATH pi's node directory is prepended to when
-// Options.BasePath is "".
-const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // Adapter drives one harness.
 type Adapter interface {
@@ -256,6 +252,9 @@ func orDefault(s, def string) string {
 }
 
 // shellQuote quotes s for a POSIX shell when needed.
+// ShellQuote quotes s for sh when it needs it.
+func ShellQuote(s string) string { return shellQuote(s) }
+
 func shellQuote(s string) string {
 	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:@,+") == "" {
 		return s

@@ -80,12 +80,14 @@ func (piAdapter) Invocation(sb Sandbox, gw Gateway, turn Turn, opts Options) (In
 		"PI_OFFLINE":          "1",
 		codexTokenEnv:         gw.Token,
 	}
+	var pathPrepend []string
 	if opts.PiNodeBinDir != "" {
-		env["PATH"] = opts.PiNodeBinDir + ":" + orDefault(opts.BasePath, DefaultPath)
+		pathPrepend = []string{opts.PiNodeBinDir}
 	}
 	return Invocation{
 		Argv:           argv,
 		Env:            env,
+		PathPrepend:    pathPrepend,
 		Files:          []File{{Path: path.Join(dir, "models.json"), Content: models, Mode: 0o600}},
 		Cwd:            sb.WorkDir,
 		ConversationID: id,

@@ -102,7 +102,7 @@ func sessionProto(s *store.Session) *sessionv1.Session {
 		CreatedAt: ts(s.CreatedAt), LastActiveAt: ts(s.LastActiveAt), SandboxId: s.SandboxID,
 		Budget:      &sessionv1.Budget{MaxCostUsd: s.Budget.MaxCostUSD, MaxTokens: s.Budget.MaxTokens, MaxMinutes: int32(s.Budget.MaxMinutes)},
 		HarnessLock: s.HarnessLock, CacheTtl: s.CacheTTL, Model: s.Model,
-		Approvals: approvalModeEnum(s.Approvals),
+		Approvals: approvalModeEnum(s.Approvals), BaseCommit: s.BaseCommit,
 	}
 	if s.IdleMinutes != nil {
 		v := int32(*s.IdleMinutes)

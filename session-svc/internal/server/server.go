@@ -75,7 +75,7 @@ func attachmentsFrom(in []*sessionv1.Attachment) []sessions.Attachment {
 // CreateSession implements session new.
 func (s *Sessions) CreateSession(ctx context.Context, req *sessionv1.CreateSessionRequest) (*sessionv1.CreateSessionResponse, error) {
 	n := sessions.NewSession{
-		Name: req.GetName(), Environment: req.GetEnvironment(), Repo: req.GetRepo(),
+		Name: req.GetName(), Environment: req.GetEnvironment(), Repo: req.GetRepo(), WorkingRepository: req.GetWorkingRepository(),
 		Harness: harnessName(req.GetHarness()), Branch: req.GetBranch(),
 		Model: req.GetModel(), CacheTTL: req.GetCacheTtl(), HarnessLock: req.GetHarnessLock(),
 		Budget: budgetFrom(req.GetBudget()),
@@ -102,7 +102,11 @@ func (s *Sessions) CreateSession(ctx context.Context, req *sessionv1.CreateSessi
 	if err != nil {
 		return nil, err
 	}
-	return &sessionv1.CreateSessionResponse{Session: out, Turn: turnProto(turn)}, nil
+	repo, err := s.m.Repository(ctx, sess)
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.CreateSessionResponse{Session: out, Turn: turnProto(turn), Repository: repo, BaseCommit: sess.BaseCommit}, nil
 }
 
 // ListSessions implements session list: most recently active first.
@@ -270,6 +274,24 @@ func (s *Sessions) OpenSession(ctx context.Context, req *sessionv1.OpenSessionRe
 	return &sessionv1.OpenSessionResponse{Session: out}, nil
 }
 
+// StartInteractive implements the preparation of resume_command in an
+// attached terminal.
+func (s *Sessions) StartInteractive(ctx context.Context, req *sessionv1.StartInteractiveRequest) (*sessionv1.StartInteractiveResponse, error) {
+	in, err := s.m.StartInteractive(ctx, req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	return &sessionv1.StartInteractiveResponse{SandboxId: in.SandboxID, Command: in.Command, Env: in.Env, Run: in.Run}, nil
+}
+
+// EndInteractive ends an interactive run.
+func (s *Sessions) EndInteractive(ctx context.Context, req *sessionv1.EndInteractiveRequest) (*sessionv1.EndInteractiveResponse, error) {
+	if err := s.m.EndInteractive(ctx, req.GetName(), req.GetRun()); err != nil {
+		return nil, err
+	}
+	return &sessionv1.EndInteractiveResponse{}, nil
+}
+
 // KeepSession sets the idle time.
 func (s *Sessions) KeepSession(ctx context.Context, req *sessionv1.KeepSessionRequest) (*sessionv1.KeepSessionResponse, error) {
 	sess, err := s.m.Keep(ctx, req.GetName(), int(req.GetIdleMinutes()))
@@ -302,6 +324,9 @@ func (s *Sessions) ListEvents(ctx context.Context, req *sessionv1.ListEventsRequ
 	if _, err := s.m.Get(ctx, req.GetName()); err != nil {
 		return nil, err
 	}
+	if err := s.turnExists(ctx, req.GetName(), int(req.GetTurn())); err != nil {
+		return nil, err
+	}
 	evs, err := s.store.ListEvents(ctx, req.GetName(), req.GetAfterSeq(), int(req.GetTurn()), int(req.GetPageSize()))
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", req.GetName(), err)
@@ -311,6 +336,30 @@ func (s *Sessions) ListEvents(ctx context.Context, req *sessionv1.ListEventsRequ
 		resp.Events = append(resp.Events, eventProto(e))
 	}
 	return resp, nil
+}
+
+// turnExists refuses a turn filter (--turn N, N > 0) naming a turn the
+// session does not have.
+func (s *Sessions) turnExists(ctx context.Context, name string, turn int) error {
+	if turn <= 0 {
+		return nil
+	}
+	turns, err := s.store.ListTurns(ctx, name)
+	if err != nil {
+		return fmt.Errorf("turns of %s: %w", name, err)
+	}
+	for _, t := range turns {
+		if t.Number == turn {
+			return nil
+		}
+	}
+	switch len(turns) {
+	case 0:
+		return fault.NotFound("TURN_NOT_FOUND", "session %q has no turn %d: it has not run a turn yet", name, turn)
+	case 1:
+		return fault.NotFound("TURN_NOT_FOUND", "session %q has no turn %d: it has 1 turn", name, turn)
+	}
+	return fault.NotFound("TURN_NOT_FOUND", "session %q has no turn %d: its turns are 1 to %d", name, turn, len(turns))
 }
 
 // StreamEvents implements session events --follow.
@@ -323,6 +372,9 @@ func (s *Sessions) StreamEvents(req *sessionv1.StreamEventsRequest, stream sessi
 // ListArtifacts implements session artifacts.
 func (s *Sessions) ListArtifacts(ctx context.Context, req *sessionv1.ListArtifactsRequest) (*sessionv1.ListArtifactsResponse, error) {
 	if _, err := s.m.Get(ctx, req.GetName()); err != nil {
+		return nil, err
+	}
+	if err := s.turnExists(ctx, req.GetName(), int(req.GetTurn())); err != nil {
 		return nil, err
 	}
 	arts, err := s.store.ListArtifacts(ctx, req.GetName(), int(req.GetTurn()))

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
@@ -81,13 +83,23 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 			return nil, err
 		}
 	}
+	parent, err := m.get(ctx, in.Parent)
+	if err != nil {
+		return nil, err
+	}
+	// Forks are numbered on from the parent's earlier ones, so no call
+	// reuses a name or a branch another made.
+	first, err := m.nextForkIndex(ctx, parent)
+	if err != nil {
+		return nil, err
+	}
 	names := make([]string, n)
 	seen := map[string]bool{}
 	for i := range names {
 		if len(in.Names) > 0 {
 			names[i] = in.Names[i]
 		} else {
-			names[i] = fmt.Sprintf("%s-fork-%d", in.Parent, i+1)
+			names[i] = fmt.Sprintf("%s-fork-%d", in.Parent, first+i)
 		}
 		if err := ValidName("names", names[i]); err != nil {
 			return nil, err
@@ -98,10 +110,6 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 		seen[names[i]] = true
 	}
 
-	parent, err := m.get(ctx, in.Parent)
-	if err != nil {
-		return nil, err
-	}
 	// A name taken is refused before anything is made.
 	for _, name := range names {
 		_, err := m.d.Store.GetSession(ctx, name)
@@ -150,7 +158,7 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 	created := make([]*store.Session, len(names))
 	errs := make([]error, len(names))
 	create := func(i int) {
-		created[i], errs[i] = m.createFork(ctx, parent, cp, names[i], fmt.Sprintf("%s-fork-%d", parent.Branch, i+1), in)
+		created[i], errs[i] = m.createFork(ctx, parent, cp, names[i], fmt.Sprintf("%s-fork-%d", parent.Branch, first+i), in)
 	}
 	// The records are independent: made together, they take about as long
 	// as one. Forks booted together (one restore, copies of it) start
@@ -322,6 +330,27 @@ func relocation(sb *sandboxv1.Sandbox, cp *checkpointv1.Checkpoint) []*checkpoin
 }
 
 // forkNames is for callers naming forks after a prefix (jobs).
+// nextForkIndex is the number the parent's next fork gets: one past the
+// highest its earlier forks' names (<parent>-fork-<i>) or branches
+// (<parent branch>-fork-<i>) carry, 1 for the first.
+func (m *Manager) nextForkIndex(ctx context.Context, parent *store.Session) (int, error) {
+	forks, _, err := m.d.Store.ListSessions(ctx, store.ListOptions{ParentID: parent.Name})
+	if err != nil {
+		return 0, fmt.Errorf("forks of %s: %w", parent.Name, err)
+	}
+	highest := 0
+	for _, f := range forks {
+		for _, pair := range [][2]string{{f.Name, parent.Name + "-fork-"}, {f.Branch, parent.Branch + "-fork-"}} {
+			if rest, ok := strings.CutPrefix(pair[0], pair[1]); ok {
+				if i, err := strconv.Atoi(rest); err == nil && i > highest {
+					highest = i
+				}
+			}
+		}
+	}
+	return highest + 1, nil
+}
+
 func forkNames(prefix string, n int) []string {
 	out := make([]string, n)
 	for i := range out {

@@ -390,6 +390,9 @@ func (m *Manager) Patch(ctx context.Context, name string) (patch, base, checkpoi
 	if err != nil {
 		return "", "", "", err
 	}
+	if s.State == store.StateArchived {
+		return "", "", "", fault.FailedPrecondition("SESSION_ARCHIVED", "session %q is archived: its checkpoints, and so its work, are gone", name)
+	}
 	if s.SandboxID != "" && s.State != store.StateRunning {
 		sb, err := m.sandboxOf(ctx, s)
 		if err == nil {

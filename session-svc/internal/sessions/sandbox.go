@@ -123,6 +123,7 @@ type booted struct {
 func (m *Manager) prepare(ctx context.Context, s *store.Session) (*booted, error) {
 	acq, err := m.d.Sandboxes.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{
 		Environment: s.Environment,
+		Repository:  s.Repo,
 		Holder:      holder(s.Name),
 		TtlSeconds:  int32(m.cfg.LeaseTTL / time.Second),
 		WorkKey:     s.Name,
@@ -159,10 +160,15 @@ func (m *Manager) prepare(ctx context.Context, s *store.Session) (*booted, error
 		if b.base == "" {
 			b.base = b.sb.GetBaseCommit()
 		}
+		// The branch starts at the base pinned when the session was
+		// created, which a sandbox cloned earlier (warm pool) or later
+		// (the repository moved on) may not be at.
 		script := `git config user.name >/dev/null || git config user.name hangar
 git config user.email >/dev/null || git config user.email hangar@localhost
-git checkout -q -B "$1"`
-		if err := m.run(ctx, b.sb.GetId(), b.token, []string{"sh", "-c", script, "sh", s.Branch}, nil); err != nil {
+base=${2:-HEAD}
+git cat-file -e "$base^{commit}" 2>/dev/null || git fetch -q origin "$base"
+git checkout -q -B "$1" "$base"`
+		if err := m.run(ctx, b.sb.GetId(), b.token, []string{"sh", "-c", script, "sh", s.Branch, b.base}, nil); err != nil {
 			return fail(fmt.Errorf("create branch %s: %w", s.Branch, err))
 		}
 		if err := m.applyLocalWork(ctx, s, b.sb, b.token); err != nil {

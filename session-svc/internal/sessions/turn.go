@@ -28,8 +28,11 @@ import (
 type NewSession struct {
 	Name, Environment, Repo, Harness, Branch string
 	Model, CacheTTL, Approvals, HarnessLock  string
-	IdleMinutes                              *int
-	Budget                                   store.Budget
+	// WorkingRepository is the repository the CLI runs in, used when
+	// neither Environment nor Repo is given and this machine can read it.
+	WorkingRepository string
+	IdleMinutes       *int
+	Budget            store.Budget
 	// FromLocal is --from-local: applied on the session branch at its
 	// first boot.
 	FromLocal *LocalWork
@@ -66,6 +69,10 @@ func (m *Manager) Create(ctx context.Context, n NewSession) (*store.Session, *st
 	if err := ValidName("name", n.Name); err != nil {
 		return nil, nil, err
 	}
+	implicitRepo := false
+	if n.Environment == "" && n.Repo == "" && n.WorkingRepository != "" {
+		n.Repo, implicitRepo = n.WorkingRepository, true
+	}
 	if n.Environment == "" {
 		n.Environment = defaultEnvironment
 	}
@@ -84,9 +91,6 @@ func (m *Manager) Create(ctx context.Context, n NewSession) (*store.Session, *st
 	if err := validBudget(n.Budget); err != nil {
 		return nil, nil, err
 	}
-	if n.Repo != "" {
-		return nil, nil, fault.Unimplemented("--repo is not supported yet: define an environment with that repository (hangar env apply) and use -e")
-	}
 	if n.FromLocal != nil {
 		if err := n.FromLocal.validate(); err != nil {
 			return nil, nil, err
@@ -102,9 +106,11 @@ func (m *Manager) Create(ctx context.Context, n NewSession) (*store.Session, *st
 		IdleMinutes: n.IdleMinutes, CreatedAt: now, LastActiveAt: now,
 		Budget: n.Budget, Approvals: n.Approvals, HarnessLock: n.HarnessLock, CacheTTL: n.CacheTTL, Model: n.Model,
 	}
-	if _, err := m.d.Sandboxes.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: n.Environment}); err != nil {
+	base, err := m.resolveBase(ctx, &n, implicitRepo)
+	if err != nil {
 		return nil, nil, err
 	}
+	s.Repo, s.BaseCommit = n.Repo, base
 	if err := m.d.Store.CreateSession(ctx, s); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return nil, nil, fault.AlreadyExists("SESSION_EXISTS", "session %q already exists: send to it, or pick another name", n.Name)
@@ -120,6 +126,42 @@ func (m *Manager) Create(ctx context.Context, n NewSession) (*store.Session, *st
 		return s, nil, nil
 	}
 	return m.Send(ctx, n.Name, n.Turn)
+}
+
+// resolveBase checks n's environment, and its repository override (--repo,
+// or the CLI's own repository when implicit), and returns the commit the
+// session starts from. An override that is the environment's own
+// repository is dropped.
+func (m *Manager) resolveBase(ctx context.Context, n *NewSession, implicit bool) (string, error) {
+	own, err := m.d.Sandboxes.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: n.Environment})
+	if err != nil {
+		return "", err
+	}
+	if n.Repo == own.GetEnvironment().GetRepository() {
+		n.Repo = ""
+	}
+	resp, err := m.d.Sandboxes.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: n.Environment, Repository: n.Repo, ResolveBase: true})
+	if err != nil {
+		if implicit && fault.ReasonOf(err) == "REPOSITORY_UNREACHABLE" {
+			return "", fault.FailedPrecondition("REPOSITORY_UNREACHABLE",
+				"hangar cannot read %s, the repository you ran this in (it runs on another machine or as another user): pass --repo with a git URL it can clone, or -e ENV", n.Repo)
+		}
+		return "", err
+	}
+	return resp.GetBaseCommit(), nil
+}
+
+// Repository is the repository s works on: its --repo, else its
+// environment's.
+func (m *Manager) Repository(ctx context.Context, s *store.Session) (string, error) {
+	if s.Repo != "" {
+		return s.Repo, nil
+	}
+	resp, err := m.d.Sandboxes.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: s.Environment})
+	if err != nil {
+		return "", err
+	}
+	return resp.GetEnvironment().GetRepository(), nil
 }
 
 func validBudget(b store.Budget) error {
@@ -216,6 +258,22 @@ func (m *Manager) Send(ctx context.Context, name string, in TurnInput) (*store.S
 	return s, turn, nil
 }
 
+// overBudgetReason says which budget a turn crossed, in the user's terms:
+// "turn stopped: over its budget of $0.50 (spent $0.62)". gateway is the
+// gateway's own reason, used when no limit of the budget was reached.
+func overBudgetReason(b store.Budget, u store.Usage, gateway string) string {
+	tokens := u.InputTokens + u.OutputTokens + u.CacheReadTokens + u.CacheWriteTokens
+	switch {
+	case b.MaxCostUSD > 0 && u.CostUSD >= b.MaxCostUSD:
+		return fmt.Sprintf("turn stopped: over its budget of $%.2f (spent $%.2f; --max-cost)", b.MaxCostUSD, u.CostUSD)
+	case b.MaxTokens > 0 && tokens >= b.MaxTokens:
+		return fmt.Sprintf("turn stopped: over its budget of %d tokens (used %d; --max-tokens)", b.MaxTokens, tokens)
+	case gateway != "":
+		return "turn stopped: over its budget: " + gateway
+	}
+	return "turn stopped: over its budget"
+}
+
 // turnResult is how a turn ended.
 type turnResult struct {
 	outcome, reason, text string
@@ -291,11 +349,16 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 		return failed("session vanished", err)
 	}
 	if s.SandboxID == "" {
-		if s, err = m.boot(ctx, s); err != nil {
-			return failed("could not resume: "+publicMessage(err), err)
+		// A brand-new session starts; one that ran before resumes.
+		verb, done := "resume", "resumed"
+		if number == 1 && s.ParentID == "" {
+			verb, done = "start", "started"
 		}
-		if s, err = m.transition(ctx, name, store.StateRunning, "resumed", store.StateResuming); err != nil {
-			return failed("could not resume", err)
+		if s, err = m.boot(ctx, s); err != nil {
+			return failed("could not "+verb+": "+publicMessage(err), err)
+		}
+		if s, err = m.transition(ctx, name, store.StateRunning, done, store.StateResuming); err != nil {
+			return failed("could not "+verb, err)
 		}
 	}
 	sb, err := m.sandboxOf(ctx, s)
@@ -328,10 +391,10 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	message = withOutputSchema(message, in.OutputSchema)
 
 	limit := m.cfg.TurnTimeout
-	limitReason := "turn timeout"
+	limitReason := fmt.Sprintf("turn stopped: it ran longer than HANGAR_SESSION_TURN_TIMEOUT_MINUTES (%s)", limit)
 	if turn.Budget.MaxMinutes > 0 {
 		limit = time.Duration(turn.Budget.MaxMinutes) * time.Minute
-		limitReason = fmt.Sprintf("max_minutes %d exceeded", turn.Budget.MaxMinutes)
+		limitReason = fmt.Sprintf("turn stopped: over its budget of %d minutes (max_minutes)", turn.Budget.MaxMinutes)
 	}
 	cache := s.CacheTTL
 	if cache == "" {
@@ -379,7 +442,9 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	for k, v := range inv.Env {
 		env[k] = v
 	}
-	env["PATH"] = agentBinDir(sb) + ":" + pathOr(env["PATH"])
+	// The CLIs are found on the sandbox's own PATH (hangar up's, for the
+	// local driver), after hangar-agent and what the harness puts first.
+	pathPrepend := append([]string{agentBinDir(sb)}, inv.PathPrepend...)
 	command := strings.Join(inv.Argv, " ")
 	if _, err := m.d.Store.UpdateTurn(ctx, name, number, func(t *store.Turn) error {
 		t.Command = command
@@ -400,7 +465,7 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 		m.appendEvents(context.WithoutCancel(ctx), name, number, evs)
 	}}
 	stderr := &tailBuffer{max: 16 << 10}
-	code, execErr := sandboxexec.New(m.d.Sandboxes).Exec(execCtx, sb.GetId(), s.FencingToken, inv.Argv, env, inv.Cwd, nil, lines, stderr)
+	code, execErr := sandboxexec.New(m.d.Sandboxes).WithPathPrepend(pathPrepend...).Exec(execCtx, sb.GetId(), s.FencingToken, inv.Argv, env, inv.Cwd, nil, lines, stderr)
 	lines.flush()
 	result := parser.Result()
 
@@ -412,7 +477,10 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 			res.warnings = append(res.warnings, warning)
 		}
 	}
-	if res.conversationID == "" {
+	// An id chosen in advance names a conversation only once the CLI ran
+	// through: one that never started (the CLI missing, refused) has none
+	// to resume.
+	if res.conversationID == "" && execErr == nil && code == 0 {
 		res.conversationID = inv.ConversationID
 	}
 	if res.conversationID == "" {
@@ -442,11 +510,18 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 			res.outcome = "over_budget"
 		}
 	case gerr == nil && runNow.GetRun().GetState() == gatewayv1.RunState_RUN_STATE_OVER_BUDGET:
-		res.outcome, res.reason = "over_budget", runNow.GetRun().GetStateReason()
+		res.outcome, res.reason = "over_budget", overBudgetReason(turn.Budget, res.usage, runNow.GetRun().GetStateReason())
+		if result.IsError {
+			// The CLI's own account of the refusal ("Failed to
+			// authenticate. API Error: 403 ...") is no answer.
+			res.text = ""
+		}
 	case question != nil:
 		res.outcome, res.reason = "needs_input", "the agent asked a question"
 	case execErr != nil:
 		res.outcome, res.reason = "failed", execFailure(execErr)
+	case code == 127 && strings.Contains(stderr.String(), inv.Argv[0]+": command not found"):
+		res.outcome, res.reason = "failed", harness.MissingCLI(adapter.Name(), inv.Argv[0])
 	case code != 0 || result.IsError:
 		reason := result.ErrorText
 		if reason == "" {
@@ -686,13 +761,6 @@ func summarize(text string) string {
 		line = string(r[:199]) + "…"
 	}
 	return line
-}
-
-func pathOr(p string) string {
-	if p != "" {
-		return p
-	}
-	return "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 }
 
 func shortID() string {

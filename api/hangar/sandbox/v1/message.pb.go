@@ -849,8 +849,11 @@ type ExecStart struct {
 	Cwd string `protobuf:"bytes,5,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	// 0 = no limit beyond the stream's own deadline.
 	TimeoutSeconds int32 `protobuf:"varint,6,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Directories put in front of the sandbox's own PATH (env's PATH, when
+	// set, replaces that PATH first).
+	PathPrepend   []string `protobuf:"bytes,7,rep,name=path_prepend,json=pathPrepend,proto3" json:"path_prepend,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
@@ -923,6 +926,13 @@ func (x *ExecStart) GetTimeoutSeconds() int32 {
 		return x.TimeoutSeconds
 	}
 	return 0
+}
+
+func (x *ExecStart) GetPathPrepend() []string {
+	if x != nil {
+		return x.PathPrepend
+	}
+	return nil
 }
 
 // ExecExit ends an exec stream.
@@ -1153,7 +1163,7 @@ const file_hangar_sandbox_v1_message_proto_rawDesc = "" +
 	"\vmodified_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"modifiedAt\x12\x1f\n" +
 	"\vlink_target\x18\x06 \x01(\tR\n" +
-	"linkTarget\"\x95\x02\n" +
+	"linkTarget\"\xb8\x02\n" +
 	"\tExecStart\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
@@ -1161,7 +1171,8 @@ const file_hangar_sandbox_v1_message_proto_rawDesc = "" +
 	"\acommand\x18\x03 \x03(\tR\acommand\x127\n" +
 	"\x03env\x18\x04 \x03(\v2%.hangar.sandbox.v1.ExecStart.EnvEntryR\x03env\x12\x10\n" +
 	"\x03cwd\x18\x05 \x01(\tR\x03cwd\x12'\n" +
-	"\x0ftimeout_seconds\x18\x06 \x01(\x05R\x0etimeoutSeconds\x1a6\n" +
+	"\x0ftimeout_seconds\x18\x06 \x01(\x05R\x0etimeoutSeconds\x12!\n" +
+	"\fpath_prepend\x18\a \x03(\tR\vpathPrepend\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"U\n" +

@@ -103,8 +103,16 @@ func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
 }
 
 type GetEnvironmentRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Answer for the environment with this repository in place of its own (a
+	// session's --repo): a local path on the sandbox service's machine or a
+	// git URL. It must be reachable (REPOSITORY_UNREACHABLE otherwise); the
+	// environment's base_ref does not apply to it (its HEAD does).
+	Repository string `protobuf:"bytes,2,opt,name=repository,proto3" json:"repository,omitempty"`
+	// Resolve the base to a commit now (base_commit): a git call, and for a
+	// URL a network round trip.
+	ResolveBase   bool `protobuf:"varint,3,opt,name=resolve_base,json=resolveBase,proto3" json:"resolve_base,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -146,9 +154,25 @@ func (x *GetEnvironmentRequest) GetName() string {
 	return ""
 }
 
+func (x *GetEnvironmentRequest) GetRepository() string {
+	if x != nil {
+		return x.Repository
+	}
+	return ""
+}
+
+func (x *GetEnvironmentRequest) GetResolveBase() bool {
+	if x != nil {
+		return x.ResolveBase
+	}
+	return false
+}
+
 type GetEnvironmentResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Environment   *Environment           `protobuf:"bytes,1,opt,name=environment,proto3" json:"environment,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Environment *Environment           `protobuf:"bytes,1,opt,name=environment,proto3" json:"environment,omitempty"`
+	// With resolve_base: the commit a sandbox created now starts from.
+	BaseCommit    string `protobuf:"bytes,2,opt,name=base_commit,json=baseCommit,proto3" json:"base_commit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -188,6 +212,13 @@ func (x *GetEnvironmentResponse) GetEnvironment() *Environment {
 		return x.Environment
 	}
 	return nil
+}
+
+func (x *GetEnvironmentResponse) GetBaseCommit() string {
+	if x != nil {
+		return x.BaseCommit
+	}
+	return ""
 }
 
 type ApplyEnvironmentRequest struct {
@@ -479,8 +510,12 @@ type AcquireSandboxRequest struct {
 	// warm pool is not used. A driver that can't copy answers Unimplemented.
 	CopyOf             string `protobuf:"bytes,8,opt,name=copy_of,json=copyOf,proto3" json:"copy_of,omitempty"`
 	CopyOfFencingToken uint64 `protobuf:"varint,9,opt,name=copy_of_fencing_token,json=copyOfFencingToken,proto3" json:"copy_of_fencing_token,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Use this repository instead of the environment's (a session's --repo):
+	// a local path on the sandbox service's machine or a git URL, cloned at
+	// its HEAD. The warm pool is not used unless it is the environment's.
+	Repository    string `protobuf:"bytes,10,opt,name=repository,proto3" json:"repository,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AcquireSandboxRequest) Reset() {
@@ -574,6 +609,13 @@ func (x *AcquireSandboxRequest) GetCopyOfFencingToken() uint64 {
 		return x.CopyOfFencingToken
 	}
 	return 0
+}
+
+func (x *AcquireSandboxRequest) GetRepository() string {
+	if x != nil {
+		return x.Repository
+	}
+	return ""
 }
 
 type AcquireSandboxResponse struct {
@@ -2295,11 +2337,17 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\x1fhangar/sandbox/v1/service.proto\x12\x11hangar.sandbox.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fhangar/sandbox/v1/message.proto\"\x19\n" +
 	"\x17ListEnvironmentsRequest\"^\n" +
 	"\x18ListEnvironmentsResponse\x12B\n" +
-	"\fenvironments\x18\x01 \x03(\v2\x1e.hangar.sandbox.v1.EnvironmentR\fenvironments\"+\n" +
+	"\fenvironments\x18\x01 \x03(\v2\x1e.hangar.sandbox.v1.EnvironmentR\fenvironments\"n\n" +
 	"\x15GetEnvironmentRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"Z\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1e\n" +
+	"\n" +
+	"repository\x18\x02 \x01(\tR\n" +
+	"repository\x12!\n" +
+	"\fresolve_base\x18\x03 \x01(\bR\vresolveBase\"{\n" +
 	"\x16GetEnvironmentResponse\x12@\n" +
-	"\venvironment\x18\x01 \x01(\v2\x1e.hangar.sandbox.v1.EnvironmentR\venvironment\"[\n" +
+	"\venvironment\x18\x01 \x01(\v2\x1e.hangar.sandbox.v1.EnvironmentR\venvironment\x12\x1f\n" +
+	"\vbase_commit\x18\x02 \x01(\tR\n" +
+	"baseCommit\"[\n" +
 	"\x17ApplyEnvironmentRequest\x12@\n" +
 	"\venvironment\x18\x01 \x01(\v2\x1e.hangar.sandbox.v1.EnvironmentR\venvironment\"v\n" +
 	"\x18ApplyEnvironmentResponse\x12@\n" +
@@ -2311,7 +2359,7 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\x0eGetPoolRequest\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\">\n" +
 	"\x0fGetPoolResponse\x12+\n" +
-	"\x04pool\x18\x01 \x01(\v2\x17.hangar.sandbox.v1.PoolR\x04pool\"\x9d\x03\n" +
+	"\x04pool\x18\x01 \x01(\v2\x17.hangar.sandbox.v1.PoolR\x04pool\"\xbd\x03\n" +
 	"\x15AcquireSandboxRequest\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x1f\n" +
@@ -2322,7 +2370,11 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\x06egress\x18\x06 \x01(\x0e2\x19.hangar.sandbox.v1.EgressR\x06egress\x12C\n" +
 	"\x03env\x18\a \x03(\v21.hangar.sandbox.v1.AcquireSandboxRequest.EnvEntryR\x03env\x12\x17\n" +
 	"\acopy_of\x18\b \x01(\tR\x06copyOf\x121\n" +
-	"\x15copy_of_fencing_token\x18\t \x01(\x04R\x12copyOfFencingToken\x1a6\n" +
+	"\x15copy_of_fencing_token\x18\t \x01(\x04R\x12copyOfFencingToken\x12\x1e\n" +
+	"\n" +
+	"repository\x18\n" +
+	" \x01(\tR\n" +
+	"repository\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x01\n" +

@@ -628,7 +628,9 @@ type Session struct {
 	Transitions []*StateTransition `protobuf:"bytes,28,rep,name=transitions,proto3" json:"transitions,omitempty"`
 	// How many turns the session has (inherited ones included); set even
 	// where `turns` is left out (list).
-	TurnCount     int32 `protobuf:"varint,29,opt,name=turn_count,json=turnCount,proto3" json:"turn_count,omitempty"`
+	TurnCount int32 `protobuf:"varint,29,opt,name=turn_count,json=turnCount,proto3" json:"turn_count,omitempty"`
+	// The commit the session's branch started from.
+	BaseCommit    string `protobuf:"bytes,30,opt,name=base_commit,json=baseCommit,proto3" json:"base_commit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -864,6 +866,13 @@ func (x *Session) GetTurnCount() int32 {
 		return x.TurnCount
 	}
 	return 0
+}
+
+func (x *Session) GetBaseCommit() string {
+	if x != nil {
+		return x.BaseCommit
+	}
+	return ""
 }
 
 // StateTransition records one change of state and why.
@@ -2313,7 +2322,7 @@ var File_hangar_session_v1_message_proto protoreflect.FileDescriptor
 
 const file_hangar_session_v1_message_proto_rawDesc = "" +
 	"\n" +
-	"\x1fhangar/session/v1/message.proto\x12\x11hangar.session.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\n" +
+	"\x1fhangar/session/v1/message.proto\x12\x11hangar.session.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\n" +
 	"\n" +
 	"\aSession\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
@@ -2349,7 +2358,9 @@ const file_hangar_session_v1_message_proto_rawDesc = "" +
 	"\x05model\x18\x1b \x01(\tR\x05model\x12D\n" +
 	"\vtransitions\x18\x1c \x03(\v2\".hangar.session.v1.StateTransitionR\vtransitions\x12\x1d\n" +
 	"\n" +
-	"turn_count\x18\x1d \x01(\x05R\tturnCountB\x0f\n" +
+	"turn_count\x18\x1d \x01(\x05R\tturnCount\x12\x1f\n" +
+	"\vbase_commit\x18\x1e \x01(\tR\n" +
+	"baseCommitB\x0f\n" +
 	"\r_idle_minutes\"\xbb\x01\n" +
 	"\x0fStateTransition\x123\n" +
 	"\x04from\x18\x01 \x01(\x0e2\x1f.hangar.session.v1.SessionStateR\x04from\x12/\n" +

@@ -46,11 +46,16 @@ type CreateSessionRequest struct {
 	FromLocal *LocalWork   `protobuf:"bytes,11,opt,name=from_local,json=fromLocal,proto3" json:"from_local,omitempty"`
 	Approvals ApprovalMode `protobuf:"varint,12,opt,name=approvals,proto3,enum=hangar.session.v1.ApprovalMode" json:"approvals,omitempty"`
 	// harness thaw NAME@REV: start from a harness lock.
-	HarnessLock   string `protobuf:"bytes,13,opt,name=harness_lock,json=harnessLock,proto3" json:"harness_lock,omitempty"`
-	CacheTtl      string `protobuf:"bytes,14,opt,name=cache_ttl,json=cacheTtl,proto3" json:"cache_ttl,omitempty"`
-	Model         string `protobuf:"bytes,15,opt,name=model,proto3" json:"model,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HarnessLock string `protobuf:"bytes,13,opt,name=harness_lock,json=harnessLock,proto3" json:"harness_lock,omitempty"`
+	CacheTtl    string `protobuf:"bytes,14,opt,name=cache_ttl,json=cacheTtl,proto3" json:"cache_ttl,omitempty"`
+	Model       string `protobuf:"bytes,15,opt,name=model,proto3" json:"model,omitempty"`
+	// The top level of the git repository the CLI runs in, sent when neither
+	// -e nor --repo is given: the session works on it when the server can
+	// reach that path (else it says how to pass the repository), and on the
+	// default environment's own when it is the same repository.
+	WorkingRepository string `protobuf:"bytes,16,opt,name=working_repository,json=workingRepository,proto3" json:"working_repository,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *CreateSessionRequest) Reset() {
@@ -188,11 +193,23 @@ func (x *CreateSessionRequest) GetModel() string {
 	return ""
 }
 
+func (x *CreateSessionRequest) GetWorkingRepository() string {
+	if x != nil {
+		return x.WorkingRepository
+	}
+	return ""
+}
+
 type CreateSessionResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Session *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	// The first turn, when a message was given.
-	Turn          *Turn `protobuf:"bytes,2,opt,name=turn,proto3" json:"turn,omitempty"`
+	Turn *Turn `protobuf:"bytes,2,opt,name=turn,proto3" json:"turn,omitempty"`
+	// The repository the session works on: its --repo, else its
+	// environment's.
+	Repository string `protobuf:"bytes,3,opt,name=repository,proto3" json:"repository,omitempty"`
+	// The commit the session's branch starts from (pinned at creation).
+	BaseCommit    string `protobuf:"bytes,4,opt,name=base_commit,json=baseCommit,proto3" json:"base_commit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -239,6 +256,20 @@ func (x *CreateSessionResponse) GetTurn() *Turn {
 		return x.Turn
 	}
 	return nil
+}
+
+func (x *CreateSessionResponse) GetRepository() string {
+	if x != nil {
+		return x.Repository
+	}
+	return ""
+}
+
+func (x *CreateSessionResponse) GetBaseCommit() string {
+	if x != nil {
+		return x.BaseCommit
+	}
+	return ""
 }
 
 type ListSessionsRequest struct {
@@ -3054,11 +3085,216 @@ func (x *ListJobsResponse) GetNextPageToken() string {
 	return ""
 }
 
+type StartInteractiveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartInteractiveRequest) Reset() {
+	*x = StartInteractiveRequest{}
+	mi := &file_hangar_session_v1_service_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartInteractiveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartInteractiveRequest) ProtoMessage() {}
+
+func (x *StartInteractiveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_session_v1_service_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartInteractiveRequest.ProtoReflect.Descriptor instead.
+func (*StartInteractiveRequest) Descriptor() ([]byte, []int) {
+	return file_hangar_session_v1_service_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *StartInteractiveRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type StartInteractiveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sandbox to attach to.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// What resumes the conversation, with the CLI as the session service
+	// runs it (a path when HANGAR_CLAUDE_BIN & co. name one).
+	Command string `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	// The environment the command needs: the run's gateway URLs and token.
+	Env map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The gateway run the command talks through; EndInteractive ends it.
+	Run           string `protobuf:"bytes,4,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartInteractiveResponse) Reset() {
+	*x = StartInteractiveResponse{}
+	mi := &file_hangar_session_v1_service_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartInteractiveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartInteractiveResponse) ProtoMessage() {}
+
+func (x *StartInteractiveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_session_v1_service_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartInteractiveResponse.ProtoReflect.Descriptor instead.
+func (*StartInteractiveResponse) Descriptor() ([]byte, []int) {
+	return file_hangar_session_v1_service_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *StartInteractiveResponse) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *StartInteractiveResponse) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *StartInteractiveResponse) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *StartInteractiveResponse) GetRun() string {
+	if x != nil {
+		return x.Run
+	}
+	return ""
+}
+
+type EndInteractiveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Run           string                 `protobuf:"bytes,2,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndInteractiveRequest) Reset() {
+	*x = EndInteractiveRequest{}
+	mi := &file_hangar_session_v1_service_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndInteractiveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndInteractiveRequest) ProtoMessage() {}
+
+func (x *EndInteractiveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_session_v1_service_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndInteractiveRequest.ProtoReflect.Descriptor instead.
+func (*EndInteractiveRequest) Descriptor() ([]byte, []int) {
+	return file_hangar_session_v1_service_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *EndInteractiveRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EndInteractiveRequest) GetRun() string {
+	if x != nil {
+		return x.Run
+	}
+	return ""
+}
+
+type EndInteractiveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndInteractiveResponse) Reset() {
+	*x = EndInteractiveResponse{}
+	mi := &file_hangar_session_v1_service_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndInteractiveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndInteractiveResponse) ProtoMessage() {}
+
+func (x *EndInteractiveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_session_v1_service_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndInteractiveResponse.ProtoReflect.Descriptor instead.
+func (*EndInteractiveResponse) Descriptor() ([]byte, []int) {
+	return file_hangar_session_v1_service_proto_rawDescGZIP(), []int{57}
+}
+
 var File_hangar_session_v1_service_proto protoreflect.FileDescriptor
 
 const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1fhangar/session/v1/service.proto\x12\x11hangar.session.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fhangar/session/v1/message.proto\"\xf5\x04\n" +
+	"\x1fhangar/session/v1/service.proto\x12\x11hangar.session.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fhangar/session/v1/message.proto\"\xa4\x05\n" +
 	"\x14CreateSessionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\venvironment\x18\x02 \x01(\tR\venvironment\x12\x12\n" +
@@ -3076,11 +3312,17 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\tapprovals\x18\f \x01(\x0e2\x1f.hangar.session.v1.ApprovalModeR\tapprovals\x12!\n" +
 	"\fharness_lock\x18\r \x01(\tR\vharnessLock\x12\x1b\n" +
 	"\tcache_ttl\x18\x0e \x01(\tR\bcacheTtl\x12\x14\n" +
-	"\x05model\x18\x0f \x01(\tR\x05modelB\x0f\n" +
-	"\r_idle_minutes\"z\n" +
+	"\x05model\x18\x0f \x01(\tR\x05model\x12-\n" +
+	"\x12working_repository\x18\x10 \x01(\tR\x11workingRepositoryB\x0f\n" +
+	"\r_idle_minutes\"\xbb\x01\n" +
 	"\x15CreateSessionResponse\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.hangar.session.v1.SessionR\asession\x12+\n" +
-	"\x04turn\x18\x02 \x01(\v2\x17.hangar.session.v1.TurnR\x04turn\"\xa7\x01\n" +
+	"\x04turn\x18\x02 \x01(\v2\x17.hangar.session.v1.TurnR\x04turn\x12\x1e\n" +
+	"\n" +
+	"repository\x18\x03 \x01(\tR\n" +
+	"repository\x12\x1f\n" +
+	"\vbase_commit\x18\x04 \x01(\tR\n" +
+	"baseCommit\"\xa7\x01\n" +
 	"\x13ListSessionsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
@@ -3253,7 +3495,22 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"f\n" +
 	"\x10ListJobsResponse\x12*\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x16.hangar.session.v1.JobR\x04jobs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xec\x19\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"-\n" +
+	"\x17StartInteractiveRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xe5\x01\n" +
+	"\x18StartInteractiveResponse\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
+	"\acommand\x18\x02 \x01(\tR\acommand\x12F\n" +
+	"\x03env\x18\x03 \x03(\v24.hangar.session.v1.StartInteractiveResponse.EnvEntryR\x03env\x12\x10\n" +
+	"\x03run\x18\x04 \x01(\tR\x03run\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"=\n" +
+	"\x15EndInteractiveRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03run\x18\x02 \x01(\tR\x03run\"\x18\n" +
+	"\x16EndInteractiveResponse2\xa0\x1c\n" +
 	"\x0eSessionService\x12|\n" +
 	"\rCreateSession\x12'.hangar.session.v1.CreateSessionRequest\x1a(.hangar.session.v1.CreateSessionResponse\"\x18\x82\xd3\xe4\x93\x02\x12:\x01*\"\r/api/sessions\x12v\n" +
 	"\fListSessions\x12&.hangar.session.v1.ListSessionsRequest\x1a'.hangar.session.v1.ListSessionsResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/api/sessions\x12w\n" +
@@ -3262,7 +3519,9 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\vSendMessage\x12%.hangar.session.v1.SendMessageRequest\x1a&.hangar.session.v1.SendMessageResponse\"%\x82\xd3\xe4\x93\x02\x1f:\x01*\"\x1a/api/sessions/{name}/turns\x12{\n" +
 	"\aGetTurn\x12!.hangar.session.v1.GetTurnRequest\x1a\".hangar.session.v1.GetTurnResponse\")\x82\xd3\xe4\x93\x02#\x12!/api/sessions/{name}/turns/{turn}\x12\x8e\x01\n" +
 	"\vWaitForTurn\x12%.hangar.session.v1.WaitForTurnRequest\x1a&.hangar.session.v1.WaitForTurnResponse\".\x82\xd3\xe4\x93\x02(\x12&/api/sessions/{name}/turns/{turn}:wait0\x01\x12\x82\x01\n" +
-	"\vOpenSession\x12%.hangar.session.v1.OpenSessionRequest\x1a&.hangar.session.v1.OpenSessionResponse\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\"\x19/api/sessions/{name}:open\x12\x82\x01\n" +
+	"\vOpenSession\x12%.hangar.session.v1.OpenSessionRequest\x1a&.hangar.session.v1.OpenSessionResponse\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\"\x19/api/sessions/{name}:open\x12\x98\x01\n" +
+	"\x10StartInteractive\x12*.hangar.session.v1.StartInteractiveRequest\x1a+.hangar.session.v1.StartInteractiveResponse\"+\x82\xd3\xe4\x93\x02%:\x01*\" /api/sessions/{name}:interactive\x12\x96\x01\n" +
+	"\x0eEndInteractive\x12(.hangar.session.v1.EndInteractiveRequest\x1a).hangar.session.v1.EndInteractiveResponse\"/\x82\xd3\xe4\x93\x02):\x01*\"$/api/sessions/{name}:end-interactive\x12\x82\x01\n" +
 	"\vKeepSession\x12%.hangar.session.v1.KeepSessionRequest\x1a&.hangar.session.v1.KeepSessionResponse\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\"\x19/api/sessions/{name}:keep\x12\x8e\x01\n" +
 	"\x0eSuspendSession\x12(.hangar.session.v1.SuspendSessionRequest\x1a).hangar.session.v1.SuspendSessionResponse\"'\x82\xd3\xe4\x93\x02!:\x01*\"\x1c/api/sessions/{name}:suspend\x12\x8e\x01\n" +
 	"\x0eArchiveSession\x12(.hangar.session.v1.ArchiveSessionRequest\x1a).hangar.session.v1.ArchiveSessionResponse\"'\x82\xd3\xe4\x93\x02!:\x01*\"\x1c/api/sessions/{name}:archive\x12~\n" +
@@ -3299,182 +3558,192 @@ func file_hangar_session_v1_service_proto_rawDescGZIP() []byte {
 	return file_hangar_session_v1_service_proto_rawDescData
 }
 
-var file_hangar_session_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_hangar_session_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_hangar_session_v1_service_proto_goTypes = []any{
-	(*CreateSessionRequest)(nil),    // 0: hangar.session.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),   // 1: hangar.session.v1.CreateSessionResponse
-	(*ListSessionsRequest)(nil),     // 2: hangar.session.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),    // 3: hangar.session.v1.ListSessionsResponse
-	(*GetSessionRequest)(nil),       // 4: hangar.session.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),      // 5: hangar.session.v1.GetSessionResponse
-	(*SendMessageRequest)(nil),      // 6: hangar.session.v1.SendMessageRequest
-	(*SendMessageResponse)(nil),     // 7: hangar.session.v1.SendMessageResponse
-	(*GetTurnRequest)(nil),          // 8: hangar.session.v1.GetTurnRequest
-	(*GetTurnResponse)(nil),         // 9: hangar.session.v1.GetTurnResponse
-	(*WaitForTurnRequest)(nil),      // 10: hangar.session.v1.WaitForTurnRequest
-	(*WaitForTurnResponse)(nil),     // 11: hangar.session.v1.WaitForTurnResponse
-	(*OpenSessionRequest)(nil),      // 12: hangar.session.v1.OpenSessionRequest
-	(*OpenSessionResponse)(nil),     // 13: hangar.session.v1.OpenSessionResponse
-	(*KeepSessionRequest)(nil),      // 14: hangar.session.v1.KeepSessionRequest
-	(*KeepSessionResponse)(nil),     // 15: hangar.session.v1.KeepSessionResponse
-	(*SuspendSessionRequest)(nil),   // 16: hangar.session.v1.SuspendSessionRequest
-	(*SuspendSessionResponse)(nil),  // 17: hangar.session.v1.SuspendSessionResponse
-	(*ArchiveSessionRequest)(nil),   // 18: hangar.session.v1.ArchiveSessionRequest
-	(*ArchiveSessionResponse)(nil),  // 19: hangar.session.v1.ArchiveSessionResponse
-	(*ListEventsRequest)(nil),       // 20: hangar.session.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),      // 21: hangar.session.v1.ListEventsResponse
-	(*StreamEventsRequest)(nil),     // 22: hangar.session.v1.StreamEventsRequest
-	(*StreamEventsResponse)(nil),    // 23: hangar.session.v1.StreamEventsResponse
-	(*ListArtifactsRequest)(nil),    // 24: hangar.session.v1.ListArtifactsRequest
-	(*ListArtifactsResponse)(nil),   // 25: hangar.session.v1.ListArtifactsResponse
-	(*GetArtifactRequest)(nil),      // 26: hangar.session.v1.GetArtifactRequest
-	(*GetArtifactResponse)(nil),     // 27: hangar.session.v1.GetArtifactResponse
-	(*GetSessionPatchRequest)(nil),  // 28: hangar.session.v1.GetSessionPatchRequest
-	(*GetSessionPatchResponse)(nil), // 29: hangar.session.v1.GetSessionPatchResponse
-	(*GetSessionWorkRequest)(nil),   // 30: hangar.session.v1.GetSessionWorkRequest
-	(*GetSessionWorkResponse)(nil),  // 31: hangar.session.v1.GetSessionWorkResponse
-	(*ForkSessionRequest)(nil),      // 32: hangar.session.v1.ForkSessionRequest
-	(*ForkSessionResponse)(nil),     // 33: hangar.session.v1.ForkSessionResponse
-	(*SteerTurnRequest)(nil),        // 34: hangar.session.v1.SteerTurnRequest
-	(*SteerTurnResponse)(nil),       // 35: hangar.session.v1.SteerTurnResponse
-	(*InterruptTurnRequest)(nil),    // 36: hangar.session.v1.InterruptTurnRequest
-	(*InterruptTurnResponse)(nil),   // 37: hangar.session.v1.InterruptTurnResponse
-	(*ListApprovalsRequest)(nil),    // 38: hangar.session.v1.ListApprovalsRequest
-	(*ListApprovalsResponse)(nil),   // 39: hangar.session.v1.ListApprovalsResponse
-	(*AnswerApprovalRequest)(nil),   // 40: hangar.session.v1.AnswerApprovalRequest
-	(*AnswerApprovalResponse)(nil),  // 41: hangar.session.v1.AnswerApprovalResponse
-	(*AcquireHoldRequest)(nil),      // 42: hangar.session.v1.AcquireHoldRequest
-	(*AcquireHoldResponse)(nil),     // 43: hangar.session.v1.AcquireHoldResponse
-	(*RenewHoldRequest)(nil),        // 44: hangar.session.v1.RenewHoldRequest
-	(*RenewHoldResponse)(nil),       // 45: hangar.session.v1.RenewHoldResponse
-	(*ReleaseHoldRequest)(nil),      // 46: hangar.session.v1.ReleaseHoldRequest
-	(*ReleaseHoldResponse)(nil),     // 47: hangar.session.v1.ReleaseHoldResponse
-	(*CreateJobRequest)(nil),        // 48: hangar.session.v1.CreateJobRequest
-	(*CreateJobResponse)(nil),       // 49: hangar.session.v1.CreateJobResponse
-	(*GetJobRequest)(nil),           // 50: hangar.session.v1.GetJobRequest
-	(*GetJobResponse)(nil),          // 51: hangar.session.v1.GetJobResponse
-	(*ListJobsRequest)(nil),         // 52: hangar.session.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),        // 53: hangar.session.v1.ListJobsResponse
-	(Harness)(0),                    // 54: hangar.session.v1.Harness
-	(*Attachment)(nil),              // 55: hangar.session.v1.Attachment
-	(*Budget)(nil),                  // 56: hangar.session.v1.Budget
-	(*LocalWork)(nil),               // 57: hangar.session.v1.LocalWork
-	(ApprovalMode)(0),               // 58: hangar.session.v1.ApprovalMode
-	(*Session)(nil),                 // 59: hangar.session.v1.Session
-	(*Turn)(nil),                    // 60: hangar.session.v1.Turn
-	(SessionState)(0),               // 61: hangar.session.v1.SessionState
-	(*Event)(nil),                   // 62: hangar.session.v1.Event
-	(*Artifact)(nil),                // 63: hangar.session.v1.Artifact
-	(*Approval)(nil),                // 64: hangar.session.v1.Approval
-	(HoldKind)(0),                   // 65: hangar.session.v1.HoldKind
-	(*Hold)(nil),                    // 66: hangar.session.v1.Hold
-	(*timestamppb.Timestamp)(nil),   // 67: google.protobuf.Timestamp
-	(JobStrategy)(0),                // 68: hangar.session.v1.JobStrategy
-	(*Job)(nil),                     // 69: hangar.session.v1.Job
+	(*CreateSessionRequest)(nil),     // 0: hangar.session.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),    // 1: hangar.session.v1.CreateSessionResponse
+	(*ListSessionsRequest)(nil),      // 2: hangar.session.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),     // 3: hangar.session.v1.ListSessionsResponse
+	(*GetSessionRequest)(nil),        // 4: hangar.session.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),       // 5: hangar.session.v1.GetSessionResponse
+	(*SendMessageRequest)(nil),       // 6: hangar.session.v1.SendMessageRequest
+	(*SendMessageResponse)(nil),      // 7: hangar.session.v1.SendMessageResponse
+	(*GetTurnRequest)(nil),           // 8: hangar.session.v1.GetTurnRequest
+	(*GetTurnResponse)(nil),          // 9: hangar.session.v1.GetTurnResponse
+	(*WaitForTurnRequest)(nil),       // 10: hangar.session.v1.WaitForTurnRequest
+	(*WaitForTurnResponse)(nil),      // 11: hangar.session.v1.WaitForTurnResponse
+	(*OpenSessionRequest)(nil),       // 12: hangar.session.v1.OpenSessionRequest
+	(*OpenSessionResponse)(nil),      // 13: hangar.session.v1.OpenSessionResponse
+	(*KeepSessionRequest)(nil),       // 14: hangar.session.v1.KeepSessionRequest
+	(*KeepSessionResponse)(nil),      // 15: hangar.session.v1.KeepSessionResponse
+	(*SuspendSessionRequest)(nil),    // 16: hangar.session.v1.SuspendSessionRequest
+	(*SuspendSessionResponse)(nil),   // 17: hangar.session.v1.SuspendSessionResponse
+	(*ArchiveSessionRequest)(nil),    // 18: hangar.session.v1.ArchiveSessionRequest
+	(*ArchiveSessionResponse)(nil),   // 19: hangar.session.v1.ArchiveSessionResponse
+	(*ListEventsRequest)(nil),        // 20: hangar.session.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),       // 21: hangar.session.v1.ListEventsResponse
+	(*StreamEventsRequest)(nil),      // 22: hangar.session.v1.StreamEventsRequest
+	(*StreamEventsResponse)(nil),     // 23: hangar.session.v1.StreamEventsResponse
+	(*ListArtifactsRequest)(nil),     // 24: hangar.session.v1.ListArtifactsRequest
+	(*ListArtifactsResponse)(nil),    // 25: hangar.session.v1.ListArtifactsResponse
+	(*GetArtifactRequest)(nil),       // 26: hangar.session.v1.GetArtifactRequest
+	(*GetArtifactResponse)(nil),      // 27: hangar.session.v1.GetArtifactResponse
+	(*GetSessionPatchRequest)(nil),   // 28: hangar.session.v1.GetSessionPatchRequest
+	(*GetSessionPatchResponse)(nil),  // 29: hangar.session.v1.GetSessionPatchResponse
+	(*GetSessionWorkRequest)(nil),    // 30: hangar.session.v1.GetSessionWorkRequest
+	(*GetSessionWorkResponse)(nil),   // 31: hangar.session.v1.GetSessionWorkResponse
+	(*ForkSessionRequest)(nil),       // 32: hangar.session.v1.ForkSessionRequest
+	(*ForkSessionResponse)(nil),      // 33: hangar.session.v1.ForkSessionResponse
+	(*SteerTurnRequest)(nil),         // 34: hangar.session.v1.SteerTurnRequest
+	(*SteerTurnResponse)(nil),        // 35: hangar.session.v1.SteerTurnResponse
+	(*InterruptTurnRequest)(nil),     // 36: hangar.session.v1.InterruptTurnRequest
+	(*InterruptTurnResponse)(nil),    // 37: hangar.session.v1.InterruptTurnResponse
+	(*ListApprovalsRequest)(nil),     // 38: hangar.session.v1.ListApprovalsRequest
+	(*ListApprovalsResponse)(nil),    // 39: hangar.session.v1.ListApprovalsResponse
+	(*AnswerApprovalRequest)(nil),    // 40: hangar.session.v1.AnswerApprovalRequest
+	(*AnswerApprovalResponse)(nil),   // 41: hangar.session.v1.AnswerApprovalResponse
+	(*AcquireHoldRequest)(nil),       // 42: hangar.session.v1.AcquireHoldRequest
+	(*AcquireHoldResponse)(nil),      // 43: hangar.session.v1.AcquireHoldResponse
+	(*RenewHoldRequest)(nil),         // 44: hangar.session.v1.RenewHoldRequest
+	(*RenewHoldResponse)(nil),        // 45: hangar.session.v1.RenewHoldResponse
+	(*ReleaseHoldRequest)(nil),       // 46: hangar.session.v1.ReleaseHoldRequest
+	(*ReleaseHoldResponse)(nil),      // 47: hangar.session.v1.ReleaseHoldResponse
+	(*CreateJobRequest)(nil),         // 48: hangar.session.v1.CreateJobRequest
+	(*CreateJobResponse)(nil),        // 49: hangar.session.v1.CreateJobResponse
+	(*GetJobRequest)(nil),            // 50: hangar.session.v1.GetJobRequest
+	(*GetJobResponse)(nil),           // 51: hangar.session.v1.GetJobResponse
+	(*ListJobsRequest)(nil),          // 52: hangar.session.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),         // 53: hangar.session.v1.ListJobsResponse
+	(*StartInteractiveRequest)(nil),  // 54: hangar.session.v1.StartInteractiveRequest
+	(*StartInteractiveResponse)(nil), // 55: hangar.session.v1.StartInteractiveResponse
+	(*EndInteractiveRequest)(nil),    // 56: hangar.session.v1.EndInteractiveRequest
+	(*EndInteractiveResponse)(nil),   // 57: hangar.session.v1.EndInteractiveResponse
+	nil,                              // 58: hangar.session.v1.StartInteractiveResponse.EnvEntry
+	(Harness)(0),                     // 59: hangar.session.v1.Harness
+	(*Attachment)(nil),               // 60: hangar.session.v1.Attachment
+	(*Budget)(nil),                   // 61: hangar.session.v1.Budget
+	(*LocalWork)(nil),                // 62: hangar.session.v1.LocalWork
+	(ApprovalMode)(0),                // 63: hangar.session.v1.ApprovalMode
+	(*Session)(nil),                  // 64: hangar.session.v1.Session
+	(*Turn)(nil),                     // 65: hangar.session.v1.Turn
+	(SessionState)(0),                // 66: hangar.session.v1.SessionState
+	(*Event)(nil),                    // 67: hangar.session.v1.Event
+	(*Artifact)(nil),                 // 68: hangar.session.v1.Artifact
+	(*Approval)(nil),                 // 69: hangar.session.v1.Approval
+	(HoldKind)(0),                    // 70: hangar.session.v1.HoldKind
+	(*Hold)(nil),                     // 71: hangar.session.v1.Hold
+	(*timestamppb.Timestamp)(nil),    // 72: google.protobuf.Timestamp
+	(JobStrategy)(0),                 // 73: hangar.session.v1.JobStrategy
+	(*Job)(nil),                      // 74: hangar.session.v1.Job
 }
 var file_hangar_session_v1_service_proto_depIdxs = []int32{
-	54, // 0: hangar.session.v1.CreateSessionRequest.harness:type_name -> hangar.session.v1.Harness
-	55, // 1: hangar.session.v1.CreateSessionRequest.attachments:type_name -> hangar.session.v1.Attachment
-	56, // 2: hangar.session.v1.CreateSessionRequest.budget:type_name -> hangar.session.v1.Budget
-	57, // 3: hangar.session.v1.CreateSessionRequest.from_local:type_name -> hangar.session.v1.LocalWork
-	58, // 4: hangar.session.v1.CreateSessionRequest.approvals:type_name -> hangar.session.v1.ApprovalMode
-	59, // 5: hangar.session.v1.CreateSessionResponse.session:type_name -> hangar.session.v1.Session
-	60, // 6: hangar.session.v1.CreateSessionResponse.turn:type_name -> hangar.session.v1.Turn
-	61, // 7: hangar.session.v1.ListSessionsRequest.states:type_name -> hangar.session.v1.SessionState
-	59, // 8: hangar.session.v1.ListSessionsResponse.sessions:type_name -> hangar.session.v1.Session
-	59, // 9: hangar.session.v1.GetSessionResponse.session:type_name -> hangar.session.v1.Session
-	55, // 10: hangar.session.v1.SendMessageRequest.attachments:type_name -> hangar.session.v1.Attachment
-	56, // 11: hangar.session.v1.SendMessageRequest.budget:type_name -> hangar.session.v1.Budget
-	54, // 12: hangar.session.v1.SendMessageRequest.harness:type_name -> hangar.session.v1.Harness
-	59, // 13: hangar.session.v1.SendMessageResponse.session:type_name -> hangar.session.v1.Session
-	60, // 14: hangar.session.v1.SendMessageResponse.turn:type_name -> hangar.session.v1.Turn
-	60, // 15: hangar.session.v1.GetTurnResponse.turn:type_name -> hangar.session.v1.Turn
-	62, // 16: hangar.session.v1.WaitForTurnResponse.progress:type_name -> hangar.session.v1.Event
-	60, // 17: hangar.session.v1.WaitForTurnResponse.result:type_name -> hangar.session.v1.Turn
-	59, // 18: hangar.session.v1.OpenSessionResponse.session:type_name -> hangar.session.v1.Session
-	59, // 19: hangar.session.v1.KeepSessionResponse.session:type_name -> hangar.session.v1.Session
-	59, // 20: hangar.session.v1.SuspendSessionResponse.session:type_name -> hangar.session.v1.Session
-	59, // 21: hangar.session.v1.ArchiveSessionResponse.session:type_name -> hangar.session.v1.Session
-	62, // 22: hangar.session.v1.ListEventsResponse.events:type_name -> hangar.session.v1.Event
-	62, // 23: hangar.session.v1.StreamEventsResponse.event:type_name -> hangar.session.v1.Event
-	63, // 24: hangar.session.v1.ListArtifactsResponse.artifacts:type_name -> hangar.session.v1.Artifact
-	63, // 25: hangar.session.v1.GetArtifactResponse.artifact:type_name -> hangar.session.v1.Artifact
-	54, // 26: hangar.session.v1.ForkSessionRequest.harness:type_name -> hangar.session.v1.Harness
-	59, // 27: hangar.session.v1.ForkSessionResponse.forks:type_name -> hangar.session.v1.Session
-	59, // 28: hangar.session.v1.SteerTurnResponse.session:type_name -> hangar.session.v1.Session
-	60, // 29: hangar.session.v1.SteerTurnResponse.turn:type_name -> hangar.session.v1.Turn
-	59, // 30: hangar.session.v1.InterruptTurnResponse.session:type_name -> hangar.session.v1.Session
-	60, // 31: hangar.session.v1.InterruptTurnResponse.turn:type_name -> hangar.session.v1.Turn
-	64, // 32: hangar.session.v1.ListApprovalsResponse.approvals:type_name -> hangar.session.v1.Approval
-	64, // 33: hangar.session.v1.AnswerApprovalResponse.approval:type_name -> hangar.session.v1.Approval
-	65, // 34: hangar.session.v1.AcquireHoldRequest.kind:type_name -> hangar.session.v1.HoldKind
-	66, // 35: hangar.session.v1.AcquireHoldResponse.hold:type_name -> hangar.session.v1.Hold
-	66, // 36: hangar.session.v1.RenewHoldResponse.hold:type_name -> hangar.session.v1.Hold
-	67, // 37: hangar.session.v1.ReleaseHoldResponse.released_at:type_name -> google.protobuf.Timestamp
-	68, // 38: hangar.session.v1.CreateJobRequest.strategy:type_name -> hangar.session.v1.JobStrategy
-	56, // 39: hangar.session.v1.CreateJobRequest.budget:type_name -> hangar.session.v1.Budget
-	69, // 40: hangar.session.v1.CreateJobResponse.job:type_name -> hangar.session.v1.Job
-	69, // 41: hangar.session.v1.GetJobResponse.job:type_name -> hangar.session.v1.Job
-	69, // 42: hangar.session.v1.ListJobsResponse.jobs:type_name -> hangar.session.v1.Job
-	0,  // 43: hangar.session.v1.SessionService.CreateSession:input_type -> hangar.session.v1.CreateSessionRequest
-	2,  // 44: hangar.session.v1.SessionService.ListSessions:input_type -> hangar.session.v1.ListSessionsRequest
-	4,  // 45: hangar.session.v1.SessionService.GetSession:input_type -> hangar.session.v1.GetSessionRequest
-	6,  // 46: hangar.session.v1.SessionService.SendMessage:input_type -> hangar.session.v1.SendMessageRequest
-	8,  // 47: hangar.session.v1.SessionService.GetTurn:input_type -> hangar.session.v1.GetTurnRequest
-	10, // 48: hangar.session.v1.SessionService.WaitForTurn:input_type -> hangar.session.v1.WaitForTurnRequest
-	12, // 49: hangar.session.v1.SessionService.OpenSession:input_type -> hangar.session.v1.OpenSessionRequest
-	14, // 50: hangar.session.v1.SessionService.KeepSession:input_type -> hangar.session.v1.KeepSessionRequest
-	16, // 51: hangar.session.v1.SessionService.SuspendSession:input_type -> hangar.session.v1.SuspendSessionRequest
-	18, // 52: hangar.session.v1.SessionService.ArchiveSession:input_type -> hangar.session.v1.ArchiveSessionRequest
-	20, // 53: hangar.session.v1.SessionService.ListEvents:input_type -> hangar.session.v1.ListEventsRequest
-	22, // 54: hangar.session.v1.SessionService.StreamEvents:input_type -> hangar.session.v1.StreamEventsRequest
-	24, // 55: hangar.session.v1.SessionService.ListArtifacts:input_type -> hangar.session.v1.ListArtifactsRequest
-	26, // 56: hangar.session.v1.SessionService.GetArtifact:input_type -> hangar.session.v1.GetArtifactRequest
-	28, // 57: hangar.session.v1.SessionService.GetSessionPatch:input_type -> hangar.session.v1.GetSessionPatchRequest
-	30, // 58: hangar.session.v1.SessionService.GetSessionWork:input_type -> hangar.session.v1.GetSessionWorkRequest
-	32, // 59: hangar.session.v1.SessionService.ForkSession:input_type -> hangar.session.v1.ForkSessionRequest
-	34, // 60: hangar.session.v1.SessionService.SteerTurn:input_type -> hangar.session.v1.SteerTurnRequest
-	36, // 61: hangar.session.v1.SessionService.InterruptTurn:input_type -> hangar.session.v1.InterruptTurnRequest
-	38, // 62: hangar.session.v1.SessionService.ListApprovals:input_type -> hangar.session.v1.ListApprovalsRequest
-	40, // 63: hangar.session.v1.SessionService.AnswerApproval:input_type -> hangar.session.v1.AnswerApprovalRequest
-	42, // 64: hangar.session.v1.SessionService.AcquireHold:input_type -> hangar.session.v1.AcquireHoldRequest
-	44, // 65: hangar.session.v1.SessionService.RenewHold:input_type -> hangar.session.v1.RenewHoldRequest
-	46, // 66: hangar.session.v1.SessionService.ReleaseHold:input_type -> hangar.session.v1.ReleaseHoldRequest
-	48, // 67: hangar.session.v1.JobService.CreateJob:input_type -> hangar.session.v1.CreateJobRequest
-	50, // 68: hangar.session.v1.JobService.GetJob:input_type -> hangar.session.v1.GetJobRequest
-	52, // 69: hangar.session.v1.JobService.ListJobs:input_type -> hangar.session.v1.ListJobsRequest
-	1,  // 70: hangar.session.v1.SessionService.CreateSession:output_type -> hangar.session.v1.CreateSessionResponse
-	3,  // 71: hangar.session.v1.SessionService.ListSessions:output_type -> hangar.session.v1.ListSessionsResponse
-	5,  // 72: hangar.session.v1.SessionService.GetSession:output_type -> hangar.session.v1.GetSessionResponse
-	7,  // 73: hangar.session.v1.SessionService.SendMessage:output_type -> hangar.session.v1.SendMessageResponse
-	9,  // 74: hangar.session.v1.SessionService.GetTurn:output_type -> hangar.session.v1.GetTurnResponse
-	11, // 75: hangar.session.v1.SessionService.WaitForTurn:output_type -> hangar.session.v1.WaitForTurnResponse
-	13, // 76: hangar.session.v1.SessionService.OpenSession:output_type -> hangar.session.v1.OpenSessionResponse
-	15, // 77: hangar.session.v1.SessionService.KeepSession:output_type -> hangar.session.v1.KeepSessionResponse
-	17, // 78: hangar.session.v1.SessionService.SuspendSession:output_type -> hangar.session.v1.SuspendSessionResponse
-	19, // 79: hangar.session.v1.SessionService.ArchiveSession:output_type -> hangar.session.v1.ArchiveSessionResponse
-	21, // 80: hangar.session.v1.SessionService.ListEvents:output_type -> hangar.session.v1.ListEventsResponse
-	23, // 81: hangar.session.v1.SessionService.StreamEvents:output_type -> hangar.session.v1.StreamEventsResponse
-	25, // 82: hangar.session.v1.SessionService.ListArtifacts:output_type -> hangar.session.v1.ListArtifactsResponse
-	27, // 83: hangar.session.v1.SessionService.GetArtifact:output_type -> hangar.session.v1.GetArtifactResponse
-	29, // 84: hangar.session.v1.SessionService.GetSessionPatch:output_type -> hangar.session.v1.GetSessionPatchResponse
-	31, // 85: hangar.session.v1.SessionService.GetSessionWork:output_type -> hangar.session.v1.GetSessionWorkResponse
-	33, // 86: hangar.session.v1.SessionService.ForkSession:output_type -> hangar.session.v1.ForkSessionResponse
-	35, // 87: hangar.session.v1.SessionService.SteerTurn:output_type -> hangar.session.v1.SteerTurnResponse
-	37, // 88: hangar.session.v1.SessionService.InterruptTurn:output_type -> hangar.session.v1.InterruptTurnResponse
-	39, // 89: hangar.session.v1.SessionService.ListApprovals:output_type -> hangar.session.v1.ListApprovalsResponse
-	41, // 90: hangar.session.v1.SessionService.AnswerApproval:output_type -> hangar.session.v1.AnswerApprovalResponse
-	43, // 91: hangar.session.v1.SessionService.AcquireHold:output_type -> hangar.session.v1.AcquireHoldResponse
-	45, // 92: hangar.session.v1.SessionService.RenewHold:output_type -> hangar.session.v1.RenewHoldResponse
-	47, // 93: hangar.session.v1.SessionService.ReleaseHold:output_type -> hangar.session.v1.ReleaseHoldResponse
-	49, // 94: hangar.session.v1.JobService.CreateJob:output_type -> hangar.session.v1.CreateJobResponse
-	51, // 95: hangar.session.v1.JobService.GetJob:output_type -> hangar.session.v1.GetJobResponse
-	53, // 96: hangar.session.v1.JobService.ListJobs:output_type -> hangar.session.v1.ListJobsResponse
-	70, // [70:97] is the sub-list for method output_type
-	43, // [43:70] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	59, // 0: hangar.session.v1.CreateSessionRequest.harness:type_name -> hangar.session.v1.Harness
+	60, // 1: hangar.session.v1.CreateSessionRequest.attachments:type_name -> hangar.session.v1.Attachment
+	61, // 2: hangar.session.v1.CreateSessionRequest.budget:type_name -> hangar.session.v1.Budget
+	62, // 3: hangar.session.v1.CreateSessionRequest.from_local:type_name -> hangar.session.v1.LocalWork
+	63, // 4: hangar.session.v1.CreateSessionRequest.approvals:type_name -> hangar.session.v1.ApprovalMode
+	64, // 5: hangar.session.v1.CreateSessionResponse.session:type_name -> hangar.session.v1.Session
+	65, // 6: hangar.session.v1.CreateSessionResponse.turn:type_name -> hangar.session.v1.Turn
+	66, // 7: hangar.session.v1.ListSessionsRequest.states:type_name -> hangar.session.v1.SessionState
+	64, // 8: hangar.session.v1.ListSessionsResponse.sessions:type_name -> hangar.session.v1.Session
+	64, // 9: hangar.session.v1.GetSessionResponse.session:type_name -> hangar.session.v1.Session
+	60, // 10: hangar.session.v1.SendMessageRequest.attachments:type_name -> hangar.session.v1.Attachment
+	61, // 11: hangar.session.v1.SendMessageRequest.budget:type_name -> hangar.session.v1.Budget
+	59, // 12: hangar.session.v1.SendMessageRequest.harness:type_name -> hangar.session.v1.Harness
+	64, // 13: hangar.session.v1.SendMessageResponse.session:type_name -> hangar.session.v1.Session
+	65, // 14: hangar.session.v1.SendMessageResponse.turn:type_name -> hangar.session.v1.Turn
+	65, // 15: hangar.session.v1.GetTurnResponse.turn:type_name -> hangar.session.v1.Turn
+	67, // 16: hangar.session.v1.WaitForTurnResponse.progress:type_name -> hangar.session.v1.Event
+	65, // 17: hangar.session.v1.WaitForTurnResponse.result:type_name -> hangar.session.v1.Turn
+	64, // 18: hangar.session.v1.OpenSessionResponse.session:type_name -> hangar.session.v1.Session
+	64, // 19: hangar.session.v1.KeepSessionResponse.session:type_name -> hangar.session.v1.Session
+	64, // 20: hangar.session.v1.SuspendSessionResponse.session:type_name -> hangar.session.v1.Session
+	64, // 21: hangar.session.v1.ArchiveSessionResponse.session:type_name -> hangar.session.v1.Session
+	67, // 22: hangar.session.v1.ListEventsResponse.events:type_name -> hangar.session.v1.Event
+	67, // 23: hangar.session.v1.StreamEventsResponse.event:type_name -> hangar.session.v1.Event
+	68, // 24: hangar.session.v1.ListArtifactsResponse.artifacts:type_name -> hangar.session.v1.Artifact
+	68, // 25: hangar.session.v1.GetArtifactResponse.artifact:type_name -> hangar.session.v1.Artifact
+	59, // 26: hangar.session.v1.ForkSessionRequest.harness:type_name -> hangar.session.v1.Harness
+	64, // 27: hangar.session.v1.ForkSessionResponse.forks:type_name -> hangar.session.v1.Session
+	64, // 28: hangar.session.v1.SteerTurnResponse.session:type_name -> hangar.session.v1.Session
+	65, // 29: hangar.session.v1.SteerTurnResponse.turn:type_name -> hangar.session.v1.Turn
+	64, // 30: hangar.session.v1.InterruptTurnResponse.session:type_name -> hangar.session.v1.Session
+	65, // 31: hangar.session.v1.InterruptTurnResponse.turn:type_name -> hangar.session.v1.Turn
+	69, // 32: hangar.session.v1.ListApprovalsResponse.approvals:type_name -> hangar.session.v1.Approval
+	69, // 33: hangar.session.v1.AnswerApprovalResponse.approval:type_name -> hangar.session.v1.Approval
+	70, // 34: hangar.session.v1.AcquireHoldRequest.kind:type_name -> hangar.session.v1.HoldKind
+	71, // 35: hangar.session.v1.AcquireHoldResponse.hold:type_name -> hangar.session.v1.Hold
+	71, // 36: hangar.session.v1.RenewHoldResponse.hold:type_name -> hangar.session.v1.Hold
+	72, // 37: hangar.session.v1.ReleaseHoldResponse.released_at:type_name -> google.protobuf.Timestamp
+	73, // 38: hangar.session.v1.CreateJobRequest.strategy:type_name -> hangar.session.v1.JobStrategy
+	61, // 39: hangar.session.v1.CreateJobRequest.budget:type_name -> hangar.session.v1.Budget
+	74, // 40: hangar.session.v1.CreateJobResponse.job:type_name -> hangar.session.v1.Job
+	74, // 41: hangar.session.v1.GetJobResponse.job:type_name -> hangar.session.v1.Job
+	74, // 42: hangar.session.v1.ListJobsResponse.jobs:type_name -> hangar.session.v1.Job
+	58, // 43: hangar.session.v1.StartInteractiveResponse.env:type_name -> hangar.session.v1.StartInteractiveResponse.EnvEntry
+	0,  // 44: hangar.session.v1.SessionService.CreateSession:input_type -> hangar.session.v1.CreateSessionRequest
+	2,  // 45: hangar.session.v1.SessionService.ListSessions:input_type -> hangar.session.v1.ListSessionsRequest
+	4,  // 46: hangar.session.v1.SessionService.GetSession:input_type -> hangar.session.v1.GetSessionRequest
+	6,  // 47: hangar.session.v1.SessionService.SendMessage:input_type -> hangar.session.v1.SendMessageRequest
+	8,  // 48: hangar.session.v1.SessionService.GetTurn:input_type -> hangar.session.v1.GetTurnRequest
+	10, // 49: hangar.session.v1.SessionService.WaitForTurn:input_type -> hangar.session.v1.WaitForTurnRequest
+	12, // 50: hangar.session.v1.SessionService.OpenSession:input_type -> hangar.session.v1.OpenSessionRequest
+	54, // 51: hangar.session.v1.SessionService.StartInteractive:input_type -> hangar.session.v1.StartInteractiveRequest
+	56, // 52: hangar.session.v1.SessionService.EndInteractive:input_type -> hangar.session.v1.EndInteractiveRequest
+	14, // 53: hangar.session.v1.SessionService.KeepSession:input_type -> hangar.session.v1.KeepSessionRequest
+	16, // 54: hangar.session.v1.SessionService.SuspendSession:input_type -> hangar.session.v1.SuspendSessionRequest
+	18, // 55: hangar.session.v1.SessionService.ArchiveSession:input_type -> hangar.session.v1.ArchiveSessionRequest
+	20, // 56: hangar.session.v1.SessionService.ListEvents:input_type -> hangar.session.v1.ListEventsRequest
+	22, // 57: hangar.session.v1.SessionService.StreamEvents:input_type -> hangar.session.v1.StreamEventsRequest
+	24, // 58: hangar.session.v1.SessionService.ListArtifacts:input_type -> hangar.session.v1.ListArtifactsRequest
+	26, // 59: hangar.session.v1.SessionService.GetArtifact:input_type -> hangar.session.v1.GetArtifactRequest
+	28, // 60: hangar.session.v1.SessionService.GetSessionPatch:input_type -> hangar.session.v1.GetSessionPatchRequest
+	30, // 61: hangar.session.v1.SessionService.GetSessionWork:input_type -> hangar.session.v1.GetSessionWorkRequest
+	32, // 62: hangar.session.v1.SessionService.ForkSession:input_type -> hangar.session.v1.ForkSessionRequest
+	34, // 63: hangar.session.v1.SessionService.SteerTurn:input_type -> hangar.session.v1.SteerTurnRequest
+	36, // 64: hangar.session.v1.SessionService.InterruptTurn:input_type -> hangar.session.v1.InterruptTurnRequest
+	38, // 65: hangar.session.v1.SessionService.ListApprovals:input_type -> hangar.session.v1.ListApprovalsRequest
+	40, // 66: hangar.session.v1.SessionService.AnswerApproval:input_type -> hangar.session.v1.AnswerApprovalRequest
+	42, // 67: hangar.session.v1.SessionService.AcquireHold:input_type -> hangar.session.v1.AcquireHoldRequest
+	44, // 68: hangar.session.v1.SessionService.RenewHold:input_type -> hangar.session.v1.RenewHoldRequest
+	46, // 69: hangar.session.v1.SessionService.ReleaseHold:input_type -> hangar.session.v1.ReleaseHoldRequest
+	48, // 70: hangar.session.v1.JobService.CreateJob:input_type -> hangar.session.v1.CreateJobRequest
+	50, // 71: hangar.session.v1.JobService.GetJob:input_type -> hangar.session.v1.GetJobRequest
+	52, // 72: hangar.session.v1.JobService.ListJobs:input_type -> hangar.session.v1.ListJobsRequest
+	1,  // 73: hangar.session.v1.SessionService.CreateSession:output_type -> hangar.session.v1.CreateSessionResponse
+	3,  // 74: hangar.session.v1.SessionService.ListSessions:output_type -> hangar.session.v1.ListSessionsResponse
+	5,  // 75: hangar.session.v1.SessionService.GetSession:output_type -> hangar.session.v1.GetSessionResponse
+	7,  // 76: hangar.session.v1.SessionService.SendMessage:output_type -> hangar.session.v1.SendMessageResponse
+	9,  // 77: hangar.session.v1.SessionService.GetTurn:output_type -> hangar.session.v1.GetTurnResponse
+	11, // 78: hangar.session.v1.SessionService.WaitForTurn:output_type -> hangar.session.v1.WaitForTurnResponse
+	13, // 79: hangar.session.v1.SessionService.OpenSession:output_type -> hangar.session.v1.OpenSessionResponse
+	55, // 80: hangar.session.v1.SessionService.StartInteractive:output_type -> hangar.session.v1.StartInteractiveResponse
+	57, // 81: hangar.session.v1.SessionService.EndInteractive:output_type -> hangar.session.v1.EndInteractiveResponse
+	15, // 82: hangar.session.v1.SessionService.KeepSession:output_type -> hangar.session.v1.KeepSessionResponse
+	17, // 83: hangar.session.v1.SessionService.SuspendSession:output_type -> hangar.session.v1.SuspendSessionResponse
+	19, // 84: hangar.session.v1.SessionService.ArchiveSession:output_type -> hangar.session.v1.ArchiveSessionResponse
+	21, // 85: hangar.session.v1.SessionService.ListEvents:output_type -> hangar.session.v1.ListEventsResponse
+	23, // 86: hangar.session.v1.SessionService.StreamEvents:output_type -> hangar.session.v1.StreamEventsResponse
+	25, // 87: hangar.session.v1.SessionService.ListArtifacts:output_type -> hangar.session.v1.ListArtifactsResponse
+	27, // 88: hangar.session.v1.SessionService.GetArtifact:output_type -> hangar.session.v1.GetArtifactResponse
+	29, // 89: hangar.session.v1.SessionService.GetSessionPatch:output_type -> hangar.session.v1.GetSessionPatchResponse
+	31, // 90: hangar.session.v1.SessionService.GetSessionWork:output_type -> hangar.session.v1.GetSessionWorkResponse
+	33, // 91: hangar.session.v1.SessionService.ForkSession:output_type -> hangar.session.v1.ForkSessionResponse
+	35, // 92: hangar.session.v1.SessionService.SteerTurn:output_type -> hangar.session.v1.SteerTurnResponse
+	37, // 93: hangar.session.v1.SessionService.InterruptTurn:output_type -> hangar.session.v1.InterruptTurnResponse
+	39, // 94: hangar.session.v1.SessionService.ListApprovals:output_type -> hangar.session.v1.ListApprovalsResponse
+	41, // 95: hangar.session.v1.SessionService.AnswerApproval:output_type -> hangar.session.v1.AnswerApprovalResponse
+	43, // 96: hangar.session.v1.SessionService.AcquireHold:output_type -> hangar.session.v1.AcquireHoldResponse
+	45, // 97: hangar.session.v1.SessionService.RenewHold:output_type -> hangar.session.v1.RenewHoldResponse
+	47, // 98: hangar.session.v1.SessionService.ReleaseHold:output_type -> hangar.session.v1.ReleaseHoldResponse
+	49, // 99: hangar.session.v1.JobService.CreateJob:output_type -> hangar.session.v1.CreateJobResponse
+	51, // 100: hangar.session.v1.JobService.GetJob:output_type -> hangar.session.v1.GetJobResponse
+	53, // 101: hangar.session.v1.JobService.ListJobs:output_type -> hangar.session.v1.ListJobsResponse
+	73, // [73:102] is the sub-list for method output_type
+	44, // [44:73] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_hangar_session_v1_service_proto_init() }
@@ -3494,7 +3763,7 @@ func file_hangar_session_v1_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hangar_session_v1_service_proto_rawDesc), len(file_hangar_session_v1_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   54,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

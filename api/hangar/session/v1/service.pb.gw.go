@@ -318,6 +318,96 @@ func local_request_SessionService_OpenSession_0(ctx context.Context, marshaler r
 	return msg, metadata, err
 }
 
+func request_SessionService_StartInteractive_0(ctx context.Context, marshaler runtime.Marshaler, client SessionServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq StartInteractiveRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["name"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "name")
+	}
+	protoReq.Name, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "name", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.StartInteractive(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_SessionService_StartInteractive_0(ctx context.Context, marshaler runtime.Marshaler, server SessionServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq StartInteractiveRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["name"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "name")
+	}
+	protoReq.Name, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "name", err)
+	}
+	msg, err := server.StartInteractive(ctx, &protoReq)
+	return msg, metadata, err
+}
+
+func request_SessionService_EndInteractive_0(ctx context.Context, marshaler runtime.Marshaler, client SessionServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq EndInteractiveRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["name"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "name")
+	}
+	protoReq.Name, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "name", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.EndInteractive(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_SessionService_EndInteractive_0(ctx context.Context, marshaler runtime.Marshaler, server SessionServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq EndInteractiveRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["name"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "name")
+	}
+	protoReq.Name, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "name", err)
+	}
+	msg, err := server.EndInteractive(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 func request_SessionService_KeepSession_0(ctx context.Context, marshaler runtime.Marshaler, client SessionServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
 		protoReq KeepSessionRequest
@@ -1401,6 +1491,46 @@ func RegisterSessionServiceHandlerServer(ctx context.Context, mux *runtime.Serve
 		}
 		forward_SessionService_OpenSession_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_SessionService_StartInteractive_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/hangar.session.v1.SessionService/StartInteractive", runtime.WithHTTPPathPattern("/api/sessions/{name}:interactive"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_SessionService_StartInteractive_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_SessionService_StartInteractive_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodPost, pattern_SessionService_EndInteractive_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/hangar.session.v1.SessionService/EndInteractive", runtime.WithHTTPPathPattern("/api/sessions/{name}:end-interactive"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_SessionService_EndInteractive_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_SessionService_EndInteractive_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	mux.Handle(http.MethodPost, pattern_SessionService_KeepSession_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -1957,6 +2087,40 @@ func RegisterSessionServiceHandlerClient(ctx context.Context, mux *runtime.Serve
 		}
 		forward_SessionService_OpenSession_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_SessionService_StartInteractive_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/hangar.session.v1.SessionService/StartInteractive", runtime.WithHTTPPathPattern("/api/sessions/{name}:interactive"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_SessionService_StartInteractive_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_SessionService_StartInteractive_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodPost, pattern_SessionService_EndInteractive_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/hangar.session.v1.SessionService/EndInteractive", runtime.WithHTTPPathPattern("/api/sessions/{name}:end-interactive"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_SessionService_EndInteractive_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_SessionService_EndInteractive_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	mux.Handle(http.MethodPost, pattern_SessionService_KeepSession_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -2250,57 +2414,61 @@ func RegisterSessionServiceHandlerClient(ctx context.Context, mux *runtime.Serve
 }
 
 var (
-	pattern_SessionService_CreateSession_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"api", "sessions"}, ""))
-	pattern_SessionService_ListSessions_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"api", "sessions"}, ""))
-	pattern_SessionService_GetSession_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, ""))
-	pattern_SessionService_SendMessage_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "turns"}, ""))
-	pattern_SessionService_GetTurn_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "turns", "turn"}, ""))
-	pattern_SessionService_WaitForTurn_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "turns", "turn"}, "wait"))
-	pattern_SessionService_OpenSession_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "open"))
-	pattern_SessionService_KeepSession_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "keep"))
-	pattern_SessionService_SuspendSession_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "suspend"))
-	pattern_SessionService_ArchiveSession_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "archive"))
-	pattern_SessionService_ListEvents_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "events"}, ""))
-	pattern_SessionService_StreamEvents_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "events"}, "stream"))
-	pattern_SessionService_ListArtifacts_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "artifacts"}, ""))
-	pattern_SessionService_GetArtifact_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 3, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "artifacts", "path"}, ""))
-	pattern_SessionService_GetSessionPatch_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "patch"}, ""))
-	pattern_SessionService_GetSessionWork_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "work"}, ""))
-	pattern_SessionService_ForkSession_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "fork"}, ""))
-	pattern_SessionService_SteerTurn_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "steer"))
-	pattern_SessionService_InterruptTurn_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "interrupt"))
-	pattern_SessionService_ListApprovals_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "approvals"}, ""))
-	pattern_SessionService_AnswerApproval_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "approvals", "approval_id"}, ""))
-	pattern_SessionService_AcquireHold_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "holds"}, ""))
-	pattern_SessionService_RenewHold_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "holds", "hold_id"}, "renew"))
-	pattern_SessionService_ReleaseHold_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "holds", "hold_id"}, ""))
+	pattern_SessionService_CreateSession_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"api", "sessions"}, ""))
+	pattern_SessionService_ListSessions_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"api", "sessions"}, ""))
+	pattern_SessionService_GetSession_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, ""))
+	pattern_SessionService_SendMessage_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "turns"}, ""))
+	pattern_SessionService_GetTurn_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "turns", "turn"}, ""))
+	pattern_SessionService_WaitForTurn_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "turns", "turn"}, "wait"))
+	pattern_SessionService_OpenSession_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "open"))
+	pattern_SessionService_StartInteractive_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "interactive"))
+	pattern_SessionService_EndInteractive_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "end-interactive"))
+	pattern_SessionService_KeepSession_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "keep"))
+	pattern_SessionService_SuspendSession_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "suspend"))
+	pattern_SessionService_ArchiveSession_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "archive"))
+	pattern_SessionService_ListEvents_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "events"}, ""))
+	pattern_SessionService_StreamEvents_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "events"}, "stream"))
+	pattern_SessionService_ListArtifacts_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "artifacts"}, ""))
+	pattern_SessionService_GetArtifact_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 3, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "artifacts", "path"}, ""))
+	pattern_SessionService_GetSessionPatch_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "patch"}, ""))
+	pattern_SessionService_GetSessionWork_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "work"}, ""))
+	pattern_SessionService_ForkSession_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "fork"}, ""))
+	pattern_SessionService_SteerTurn_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "steer"))
+	pattern_SessionService_InterruptTurn_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"api", "sessions", "name"}, "interrupt"))
+	pattern_SessionService_ListApprovals_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "approvals"}, ""))
+	pattern_SessionService_AnswerApproval_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "approvals", "approval_id"}, ""))
+	pattern_SessionService_AcquireHold_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"api", "sessions", "name", "holds"}, ""))
+	pattern_SessionService_RenewHold_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "holds", "hold_id"}, "renew"))
+	pattern_SessionService_ReleaseHold_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3, 1, 0, 4, 1, 5, 4}, []string{"api", "sessions", "name", "holds", "hold_id"}, ""))
 )
 
 var (
-	forward_SessionService_CreateSession_0   = runtime.ForwardResponseMessage
-	forward_SessionService_ListSessions_0    = runtime.ForwardResponseMessage
-	forward_SessionService_GetSession_0      = runtime.ForwardResponseMessage
-	forward_SessionService_SendMessage_0     = runtime.ForwardResponseMessage
-	forward_SessionService_GetTurn_0         = runtime.ForwardResponseMessage
-	forward_SessionService_WaitForTurn_0     = runtime.ForwardResponseStream
-	forward_SessionService_OpenSession_0     = runtime.ForwardResponseMessage
-	forward_SessionService_KeepSession_0     = runtime.ForwardResponseMessage
-	forward_SessionService_SuspendSession_0  = runtime.ForwardResponseMessage
-	forward_SessionService_ArchiveSession_0  = runtime.ForwardResponseMessage
-	forward_SessionService_ListEvents_0      = runtime.ForwardResponseMessage
-	forward_SessionService_StreamEvents_0    = runtime.ForwardResponseStream
-	forward_SessionService_ListArtifacts_0   = runtime.ForwardResponseMessage
-	forward_SessionService_GetArtifact_0     = runtime.ForwardResponseMessage
-	forward_SessionService_GetSessionPatch_0 = runtime.ForwardResponseMessage
-	forward_SessionService_GetSessionWork_0  = runtime.ForwardResponseMessage
-	forward_SessionService_ForkSession_0     = runtime.ForwardResponseMessage
-	forward_SessionService_SteerTurn_0       = runtime.ForwardResponseMessage
-	forward_SessionService_InterruptTurn_0   = runtime.ForwardResponseMessage
-	forward_SessionService_ListApprovals_0   = runtime.ForwardResponseMessage
-	forward_SessionService_AnswerApproval_0  = runtime.ForwardResponseMessage
-	forward_SessionService_AcquireHold_0     = runtime.ForwardResponseMessage
-	forward_SessionService_RenewHold_0       = runtime.ForwardResponseMessage
-	forward_SessionService_ReleaseHold_0     = runtime.ForwardResponseMessage
+	forward_SessionService_CreateSession_0    = runtime.ForwardResponseMessage
+	forward_SessionService_ListSessions_0     = runtime.ForwardResponseMessage
+	forward_SessionService_GetSession_0       = runtime.ForwardResponseMessage
+	forward_SessionService_SendMessage_0      = runtime.ForwardResponseMessage
+	forward_SessionService_GetTurn_0          = runtime.ForwardResponseMessage
+	forward_SessionService_WaitForTurn_0      = runtime.ForwardResponseStream
+	forward_SessionService_OpenSession_0      = runtime.ForwardResponseMessage
+	forward_SessionService_StartInteractive_0 = runtime.ForwardResponseMessage
+	forward_SessionService_EndInteractive_0   = runtime.ForwardResponseMessage
+	forward_SessionService_KeepSession_0      = runtime.ForwardResponseMessage
+	forward_SessionService_SuspendSession_0   = runtime.ForwardResponseMessage
+	forward_SessionService_ArchiveSession_0   = runtime.ForwardResponseMessage
+	forward_SessionService_ListEvents_0       = runtime.ForwardResponseMessage
+	forward_SessionService_StreamEvents_0     = runtime.ForwardResponseStream
+	forward_SessionService_ListArtifacts_0    = runtime.ForwardResponseMessage
+	forward_SessionService_GetArtifact_0      = runtime.ForwardResponseMessage
+	forward_SessionService_GetSessionPatch_0  = runtime.ForwardResponseMessage
+	forward_SessionService_GetSessionWork_0   = runtime.ForwardResponseMessage
+	forward_SessionService_ForkSession_0      = runtime.ForwardResponseMessage
+	forward_SessionService_SteerTurn_0        = runtime.ForwardResponseMessage
+	forward_SessionService_InterruptTurn_0    = runtime.ForwardResponseMessage
+	forward_SessionService_ListApprovals_0    = runtime.ForwardResponseMessage
+	forward_SessionService_AnswerApproval_0   = runtime.ForwardResponseMessage
+	forward_SessionService_AcquireHold_0      = runtime.ForwardResponseMessage
+	forward_SessionService_RenewHold_0        = runtime.ForwardResponseMessage
+	forward_SessionService_ReleaseHold_0      = runtime.ForwardResponseMessage
 )
 
 // RegisterJobServiceHandlerFromEndpoint is same as RegisterJobServiceHandler but

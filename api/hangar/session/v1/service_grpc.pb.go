@@ -19,30 +19,32 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SessionService_CreateSession_FullMethodName   = "/hangar.session.v1.SessionService/CreateSession"
-	SessionService_ListSessions_FullMethodName    = "/hangar.session.v1.SessionService/ListSessions"
-	SessionService_GetSession_FullMethodName      = "/hangar.session.v1.SessionService/GetSession"
-	SessionService_SendMessage_FullMethodName     = "/hangar.session.v1.SessionService/SendMessage"
-	SessionService_GetTurn_FullMethodName         = "/hangar.session.v1.SessionService/GetTurn"
-	SessionService_WaitForTurn_FullMethodName     = "/hangar.session.v1.SessionService/WaitForTurn"
-	SessionService_OpenSession_FullMethodName     = "/hangar.session.v1.SessionService/OpenSession"
-	SessionService_KeepSession_FullMethodName     = "/hangar.session.v1.SessionService/KeepSession"
-	SessionService_SuspendSession_FullMethodName  = "/hangar.session.v1.SessionService/SuspendSession"
-	SessionService_ArchiveSession_FullMethodName  = "/hangar.session.v1.SessionService/ArchiveSession"
-	SessionService_ListEvents_FullMethodName      = "/hangar.session.v1.SessionService/ListEvents"
-	SessionService_StreamEvents_FullMethodName    = "/hangar.session.v1.SessionService/StreamEvents"
-	SessionService_ListArtifacts_FullMethodName   = "/hangar.session.v1.SessionService/ListArtifacts"
-	SessionService_GetArtifact_FullMethodName     = "/hangar.session.v1.SessionService/GetArtifact"
-	SessionService_GetSessionPatch_FullMethodName = "/hangar.session.v1.SessionService/GetSessionPatch"
-	SessionService_GetSessionWork_FullMethodName  = "/hangar.session.v1.SessionService/GetSessionWork"
-	SessionService_ForkSession_FullMethodName     = "/hangar.session.v1.SessionService/ForkSession"
-	SessionService_SteerTurn_FullMethodName       = "/hangar.session.v1.SessionService/SteerTurn"
-	SessionService_InterruptTurn_FullMethodName   = "/hangar.session.v1.SessionService/InterruptTurn"
-	SessionService_ListApprovals_FullMethodName   = "/hangar.session.v1.SessionService/ListApprovals"
-	SessionService_AnswerApproval_FullMethodName  = "/hangar.session.v1.SessionService/AnswerApproval"
-	SessionService_AcquireHold_FullMethodName     = "/hangar.session.v1.SessionService/AcquireHold"
-	SessionService_RenewHold_FullMethodName       = "/hangar.session.v1.SessionService/RenewHold"
-	SessionService_ReleaseHold_FullMethodName     = "/hangar.session.v1.SessionService/ReleaseHold"
+	SessionService_CreateSession_FullMethodName    = "/hangar.session.v1.SessionService/CreateSession"
+	SessionService_ListSessions_FullMethodName     = "/hangar.session.v1.SessionService/ListSessions"
+	SessionService_GetSession_FullMethodName       = "/hangar.session.v1.SessionService/GetSession"
+	SessionService_SendMessage_FullMethodName      = "/hangar.session.v1.SessionService/SendMessage"
+	SessionService_GetTurn_FullMethodName          = "/hangar.session.v1.SessionService/GetTurn"
+	SessionService_WaitForTurn_FullMethodName      = "/hangar.session.v1.SessionService/WaitForTurn"
+	SessionService_OpenSession_FullMethodName      = "/hangar.session.v1.SessionService/OpenSession"
+	SessionService_StartInteractive_FullMethodName = "/hangar.session.v1.SessionService/StartInteractive"
+	SessionService_EndInteractive_FullMethodName   = "/hangar.session.v1.SessionService/EndInteractive"
+	SessionService_KeepSession_FullMethodName      = "/hangar.session.v1.SessionService/KeepSession"
+	SessionService_SuspendSession_FullMethodName   = "/hangar.session.v1.SessionService/SuspendSession"
+	SessionService_ArchiveSession_FullMethodName   = "/hangar.session.v1.SessionService/ArchiveSession"
+	SessionService_ListEvents_FullMethodName       = "/hangar.session.v1.SessionService/ListEvents"
+	SessionService_StreamEvents_FullMethodName     = "/hangar.session.v1.SessionService/StreamEvents"
+	SessionService_ListArtifacts_FullMethodName    = "/hangar.session.v1.SessionService/ListArtifacts"
+	SessionService_GetArtifact_FullMethodName      = "/hangar.session.v1.SessionService/GetArtifact"
+	SessionService_GetSessionPatch_FullMethodName  = "/hangar.session.v1.SessionService/GetSessionPatch"
+	SessionService_GetSessionWork_FullMethodName   = "/hangar.session.v1.SessionService/GetSessionWork"
+	SessionService_ForkSession_FullMethodName      = "/hangar.session.v1.SessionService/ForkSession"
+	SessionService_SteerTurn_FullMethodName        = "/hangar.session.v1.SessionService/SteerTurn"
+	SessionService_InterruptTurn_FullMethodName    = "/hangar.session.v1.SessionService/InterruptTurn"
+	SessionService_ListApprovals_FullMethodName    = "/hangar.session.v1.SessionService/ListApprovals"
+	SessionService_AnswerApproval_FullMethodName   = "/hangar.session.v1.SessionService/AnswerApproval"
+	SessionService_AcquireHold_FullMethodName      = "/hangar.session.v1.SessionService/AcquireHold"
+	SessionService_RenewHold_FullMethodName        = "/hangar.session.v1.SessionService/RenewHold"
+	SessionService_ReleaseHold_FullMethodName      = "/hangar.session.v1.SessionService/ReleaseHold"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -69,6 +71,14 @@ type SessionServiceClient interface {
 	WaitForTurn(ctx context.Context, in *WaitForTurnRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WaitForTurnResponse], error)
 	// session open / open_session: boot and restore without running the agent.
 	OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionResponse, error)
+	// Get the session's sandbox ready for a person to continue the agent's
+	// conversation there (hangar sb attach, then resume_command): a gateway
+	// run of its own, the harness's config files written, and the command
+	// and environment that resume the conversation. The session must be up
+	// (open) with a conversation and no turn running. EndInteractive ends
+	// the run.
+	StartInteractive(ctx context.Context, in *StartInteractiveRequest, opts ...grpc.CallOption) (*StartInteractiveResponse, error)
+	EndInteractive(ctx context.Context, in *EndInteractiveRequest, opts ...grpc.CallOption) (*EndInteractiveResponse, error)
 	// session keep / keep_session: idle time before suspending (0 = never).
 	KeepSession(ctx context.Context, in *KeepSessionRequest, opts ...grpc.CallOption) (*KeepSessionResponse, error)
 	// session suspend / suspend_session: checkpoint and release the sandbox now.
@@ -189,6 +199,26 @@ func (c *sessionServiceClient) OpenSession(ctx context.Context, in *OpenSessionR
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(OpenSessionResponse)
 	err := c.cc.Invoke(ctx, SessionService_OpenSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) StartInteractive(ctx context.Context, in *StartInteractiveRequest, opts ...grpc.CallOption) (*StartInteractiveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartInteractiveResponse)
+	err := c.cc.Invoke(ctx, SessionService_StartInteractive_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) EndInteractive(ctx context.Context, in *EndInteractiveRequest, opts ...grpc.CallOption) (*EndInteractiveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EndInteractiveResponse)
+	err := c.cc.Invoke(ctx, SessionService_EndInteractive_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -398,6 +428,14 @@ type SessionServiceServer interface {
 	WaitForTurn(*WaitForTurnRequest, grpc.ServerStreamingServer[WaitForTurnResponse]) error
 	// session open / open_session: boot and restore without running the agent.
 	OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionResponse, error)
+	// Get the session's sandbox ready for a person to continue the agent's
+	// conversation there (hangar sb attach, then resume_command): a gateway
+	// run of its own, the harness's config files written, and the command
+	// and environment that resume the conversation. The session must be up
+	// (open) with a conversation and no turn running. EndInteractive ends
+	// the run.
+	StartInteractive(context.Context, *StartInteractiveRequest) (*StartInteractiveResponse, error)
+	EndInteractive(context.Context, *EndInteractiveRequest) (*EndInteractiveResponse, error)
 	// session keep / keep_session: idle time before suspending (0 = never).
 	KeepSession(context.Context, *KeepSessionRequest) (*KeepSessionResponse, error)
 	// session suspend / suspend_session: checkpoint and release the sandbox now.
@@ -465,6 +503,12 @@ func (UnimplementedSessionServiceServer) WaitForTurn(*WaitForTurnRequest, grpc.S
 }
 func (UnimplementedSessionServiceServer) OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method OpenSession not implemented")
+}
+func (UnimplementedSessionServiceServer) StartInteractive(context.Context, *StartInteractiveRequest) (*StartInteractiveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartInteractive not implemented")
+}
+func (UnimplementedSessionServiceServer) EndInteractive(context.Context, *EndInteractiveRequest) (*EndInteractiveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EndInteractive not implemented")
 }
 func (UnimplementedSessionServiceServer) KeepSession(context.Context, *KeepSessionRequest) (*KeepSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method KeepSession not implemented")
@@ -653,6 +697,42 @@ func _SessionService_OpenSession_Handler(srv interface{}, ctx context.Context, d
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(SessionServiceServer).OpenSession(ctx, req.(*OpenSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_StartInteractive_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartInteractiveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).StartInteractive(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_StartInteractive_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).StartInteractive(ctx, req.(*StartInteractiveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_EndInteractive_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EndInteractiveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).EndInteractive(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_EndInteractive_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).EndInteractive(ctx, req.(*EndInteractiveRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -986,6 +1066,14 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "OpenSession",
 			Handler:    _SessionService_OpenSession_Handler,
+		},
+		{
+			MethodName: "StartInteractive",
+			Handler:    _SessionService_StartInteractive_Handler,
+		},
+		{
+			MethodName: "EndInteractive",
+			Handler:    _SessionService_EndInteractive_Handler,
 		},
 		{
 			MethodName: "KeepSession",

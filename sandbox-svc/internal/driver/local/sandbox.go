@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -110,7 +111,7 @@ const SandboxPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // the sandbox's (its environment's declared variables) and extra (the exec
 // request's, e.g. the run token). Nothing of this service's environment
 // enters a sandbox, isolated or not, save its PATH without isolation.
-func (sb *Sandbox) env(extra map[string]string) []string {
+func (sb *Sandbox) env(extra map[string]string, pathPrepend ...string) []string {
 	m := map[string]string{
 		"PATH":                SandboxPath,
 		"HOME":                sb.homeDir(),
@@ -140,6 +141,9 @@ func (sb *Sandbox) env(extra map[string]string) []string {
 	}
 	for k, v := range extra {
 		m[k] = v
+	}
+	if len(pathPrepend) > 0 {
+		m["PATH"] = strings.Join(append(slices.Clone(pathPrepend), m["PATH"]), string(filepath.ListSeparator))
 	}
 	out := make([]string, 0, len(m))
 	for k, v := range m {
@@ -268,7 +272,7 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, gua
 		done()
 		return nil, err
 	}
-	env := sb.env(req.Env)
+	env := sb.env(req.Env, req.PathPrepend...)
 	path, err := lookPath(req.Argv[0], dir, env)
 	if err != nil {
 		done()

@@ -1,0 +1,115 @@
+package sessions
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/platform/fault"
+	"github.com/hangar-dev/hangar/session-svc/internal/harness"
+	"github.com/hangar-dev/hangar/session-svc/internal/store"
+)
+
+// Interactive is what a person needs to continue a session's conversation
+// in its sandbox: the command, its environment and the gateway run behind
+// it.
+type Interactive struct {
+	SandboxID, Command, Run string
+	Env                     map[string]string
+}
+
+// interactiveRunTTL is how long an interactive run's token lives: a
+// working day; EndInteractive ends it sooner.
+const interactiveRunTTL = 12 * time.Hour
+
+// StartInteractive gets an open session ready for `resume_command` in an
+// attached terminal: a gateway run of its own (the session's budget and
+// approvals), the harness's config files written as a turn would, and the
+// command with the CLI as turns run it.
+func (m *Manager) StartInteractive(ctx context.Context, name string) (*Interactive, error) {
+	s, err := m.get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case s.State == store.StateRunning || s.State == store.StateResuming:
+		return nil, fault.FailedPrecondition("TURN_RUNNING", "session %q is running a turn: two agents on one conversation would fork it; wait for the turn", name)
+	case s.SandboxID == "":
+		return nil, fault.FailedPrecondition("SESSION_NOT_UP", "session %q has no sandbox: hangar session open %s first", name, name)
+	case s.ConversationID == "":
+		return nil, fault.FailedPrecondition("NO_CONVERSATION", "session %q has no conversation yet: send it a message first", name)
+	}
+	adapter, err := harness.Lookup(harness.Name(s.Harness))
+	if err != nil {
+		return nil, fault.FailedPrecondition("HARNESS_UNKNOWN", "session %q runs harness %q, which this hangar does not know", name, s.Harness)
+	}
+	sb, err := m.sandboxOf(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	cache := s.CacheTTL
+	if cache == "" {
+		cache = m.cfg.Cache
+	}
+	run, err := m.d.Gateway.CreateRun(ctx, &gatewayv1.CreateRunRequest{
+		Session: name, Harness: s.Harness, Model: s.Model,
+		Budget:     &gatewayv1.Budget{MaxCostUsd: s.Budget.MaxCostUSD, MaxTokens: s.Budget.MaxTokens},
+		TtlSeconds: int32(interactiveRunTTL / time.Second),
+		CacheTtl:   cache,
+		Approvals:  s.Approvals == ApprovalsAsk,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("interactive run of %s: %w", name, err)
+	}
+	runID := run.GetRun().GetId()
+	inv, err := adapter.Invocation(
+		harness.Sandbox{WorkDir: sb.GetWorkDir(), HomeDir: sb.GetHomeDir()},
+		harness.Gateway{AnthropicBaseURL: run.GetRun().GetAnthropicBaseUrl(), OpenAIBaseURL: run.GetRun().GetOpenaiBaseUrl(), Token: run.GetToken(), Model: s.Model},
+		harness.Turn{Message: "-", ConversationID: s.ConversationID}, m.cfg.Harnesses)
+	if err != nil {
+		m.endRun(ctx, runID)
+		return nil, fmt.Errorf("harness command of %s: %w", name, err)
+	}
+	for _, f := range inv.Files {
+		if _, err := m.d.Sandboxes.WriteFile(ctx, &sandboxv1.WriteFileRequest{
+			SandboxId: sb.GetId(), FencingToken: s.FencingToken, Path: f.Path, Content: f.Content, Mode: f.Mode,
+		}); err != nil {
+			m.endRun(ctx, runID)
+			return nil, fmt.Errorf("harness config of %s: %w", name, err)
+		}
+	}
+	env := map[string]string{}
+	for k, v := range inv.Env {
+		env[k] = v
+	}
+	// The resume command names the CLI the way turns run it (a path when
+	// HANGAR_CLAUDE_BIN & co. give one), so it runs without it on PATH.
+	command := adapter.ResumeCommand(s.ConversationID)
+	if len(inv.Argv) > 0 {
+		if _, rest, ok := strings.Cut(command, " "); ok {
+			command = harness.ShellQuote(inv.Argv[0]) + " " + rest
+		}
+	}
+	return &Interactive{SandboxID: sb.GetId(), Command: command, Run: runID, Env: env}, nil
+}
+
+// EndInteractive ends an interactive run of the session.
+func (m *Manager) EndInteractive(ctx context.Context, name, runID string) error {
+	if _, err := m.get(ctx, name); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(runID, name+".") {
+		return fault.InvalidArgument("run", "run %q is not one of session %q's", runID, name)
+	}
+	m.endRun(ctx, runID)
+	return nil
+}
+
+func (m *Manager) endRun(ctx context.Context, runID string) {
+	if _, err := m.d.Gateway.EndRun(context.WithoutCancel(ctx), &gatewayv1.EndRunRequest{Run: runID}); err != nil {
+		m.log.WarnContext(ctx, "gateway run not ended", "run", runID, "error", err)
+	}
+}
