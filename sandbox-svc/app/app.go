@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"time"
 
 	"google.golang.org/grpc"
@@ -58,8 +59,12 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		GatewayAddr: cfg.GatewayAddr,
 		CopyFiles:   cfg.Copies == "files",
 		Isolation:   isolation(cfg.Isolation),
-		ReadOnlyPaths: append(local.InstallDirs(local.SandboxPath, cfg.ClaudeBin, cfg.CodexBin, cfg.PiBin, cfg.PiNodeBinDir),
+		// Agent CLIs named without a directory are looked up on this
+		// service's PATH too (`hangar up` with the CLIs on PATH): their
+		// install directories are bound and go on the sandboxes' PATH.
+		ReadOnlyPaths: append(local.InstallDirs(local.SandboxPath+string(filepath.ListSeparator)+os.Getenv("PATH"), cfg.ClaudeBin, cfg.CodexBin, cfg.PiBin, cfg.PiNodeBinDir),
 			cfg.ReadOnlyPaths...),
+		SearchPath: local.FoundDirs(os.Getenv("PATH"), cfg.ClaudeBin, cfg.CodexBin, cfg.PiBin),
 	})
 	if err != nil {
 		_ = redis.Close()

@@ -61,6 +61,8 @@ type Deps struct {
 	Isolation local.Isolation
 	// ReadOnlyPaths are host paths every sandbox sees read-only.
 	ReadOnlyPaths []string
+	// SearchPath goes before the system's on an isolated sandbox's PATH.
+	SearchPath []string
 }
 
 // Defaults.
@@ -146,7 +148,7 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	}
 	drv, err := local.New(local.Options{
 		Root: deps.Home, Gateway: local.ParseGateway(deps.GatewayAddr), Logger: deps.Logger, Now: deps.Now, CopyFiles: deps.CopyFiles,
-		Isolation: deps.Isolation, ReadOnlyPaths: deps.ReadOnlyPaths,
+		Isolation: deps.Isolation, ReadOnlyPaths: deps.ReadOnlyPaths, SearchPath: deps.SearchPath,
 	})
 	if err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"time"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
@@ -105,6 +106,11 @@ func (m *Manager) Suspend(ctx context.Context, name, reason string) (*store.Sess
 	if err != nil {
 		return nil, err
 	}
+	// Once suspending, the suspend finishes even if its caller goes away
+	// (a client that quit, a stopping process): half done, it would leave
+	// the work to a later retry at best.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), suspendTimeout)
+	defer cancel()
 	if s.SandboxID != "" {
 		// The sandbox is going: nothing may write its tree while it is
 		// captured (a background process would make the checkpoint
@@ -123,6 +129,10 @@ func (m *Manager) Suspend(ctx context.Context, name, reason string) (*store.Sess
 	}
 	return m.transition(ctx, name, store.StateSuspended, reason, store.StateSuspending)
 }
+
+// suspendTimeout bounds a suspend its caller no longer waits for: a
+// checkpoint of a large tree and the release.
+const suspendTimeout = 15 * time.Minute
 
 // clearSandbox forgets a session's sandbox (before it is released, so the
 // destroy notice it causes is recognised as ours).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
@@ -124,6 +125,34 @@ func (m *Manager) suspendForShutdown(ctx context.Context, name string) error {
 		m.dropLease(name)
 		return nil
 	}
+	if s.State == store.StateSuspending {
+		// A suspend already under way (a request this process serves):
+		// let it finish, and suspend again only if it failed.
+		if s, err = m.waitWhileSuspending(ctx, name); err != nil {
+			return err
+		}
+		if s.State == store.StateSuspended || s.SandboxID == "" {
+			return nil
+		}
+	}
 	_, err = m.Suspend(ctx, name, reasonShutdown)
 	return err
+}
+
+// waitWhileSuspending waits until a session is no longer suspending.
+func (m *Manager) waitWhileSuspending(ctx context.Context, name string) (*store.Session, error) {
+	wake, stop := m.events.subscribe(name)
+	defer stop()
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		s, err := m.get(ctx, name)
+		if err != nil || s.State != store.StateSuspending {
+			return s, err
+		}
+		select {
+		case <-wake:
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }

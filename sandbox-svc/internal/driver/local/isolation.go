@@ -31,6 +31,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -136,10 +137,19 @@ func newJail(root string, readOnly []string) (*jail, error) {
 		return nil, err
 	}
 	j := &jail{bwrap: bin, setsid: setsid, sh: sh, system: args}
-	if err := j.probe(); err != nil {
-		return nil, err
+	// A probe killed by a signal says nothing about the machine (the fault
+	// suite saw one SIGKILLed while a crashed predecessor's processes were
+	// being cleaned up): try again before saying isolation can't run.
+	for try := 0; try < 3; try++ {
+		if err = j.probe(); err == nil {
+			return j, nil
+		}
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != -1 && exit.ExitCode() < 128 {
+			break
+		}
 	}
-	return j, nil
+	return nil, err
 }
 
 // closeInheritedOnExec marks every descriptor of this process close-on-exec.
@@ -432,6 +442,24 @@ func under(p string, dirs []string) bool {
 // node_modules, both for the path given and the one its symlinks lead to;
 // else the program's directory. A bare name is looked up on path (the
 // sandbox's PATH); names not found are skipped.
+// FoundDirs are the directories of path where the programs named without a
+// directory are found (the first match of each), for a sandbox's PATH.
+func FoundDirs(path string, programs ...string) []string {
+	var dirs []string
+	for _, prog := range programs {
+		if prog == "" || strings.Contains(prog, "/") {
+			continue
+		}
+		for _, d := range filepath.SplitList(path) {
+			if st, err := os.Stat(filepath.Join(d, prog)); err == nil && !st.IsDir() {
+				dirs = append(dirs, d)
+				break
+			}
+		}
+	}
+	return cleanPaths(dirs)
+}
+
 func InstallDirs(path string, programs ...string) []string {
 	var dirs []string
 	for _, prog := range programs {

@@ -41,6 +41,10 @@ type Options struct {
 	// ReadOnlyPaths are host paths every sandbox sees read-only at the same
 	// path (the agent CLIs' install directories, see InstallDirs).
 	ReadOnlyPaths []string
+	// SearchPath are directories put before the system's on an isolated
+	// sandbox's PATH: where the agent CLIs named without a directory were
+	// found on this service's PATH (their directories are ReadOnlyPaths).
+	SearchPath []string
 }
 
 // Driver is the local driver.

@@ -124,6 +124,9 @@ func (sb *Sandbox) env(extra map[string]string, pathPrepend ...string) []string 
 		"HANGAR_WORK_DIR":     sb.workDir(),
 		"GIT_TERMINAL_PROMPT": "0",
 	}
+	if len(sb.d.opts.SearchPath) > 0 {
+		m["PATH"] = strings.Join(append(slices.Clone(sb.d.opts.SearchPath), SandboxPath), string(filepath.ListSeparator))
+	}
 	if sb.d.jail == nil {
 		m["TMPDIR"] = os.TempDir()
 		if p := os.Getenv("PATH"); p != "" {
