@@ -96,8 +96,12 @@ func newHangarProcess(t *testing.T, vars ...string) *hangarProcess {
 			t.Errorf("processes left running in hangar's sandboxes after it stopped (killed now): %v", left)
 		}
 		if t.Failed() {
-			// The data directory goes with the test: show its warnings.
+			// The data directory goes with the test: show its warnings
+			// (HANGAR_E2E_KEEP_LOG=FILE keeps the whole log).
 			b, _ := os.ReadFile(h.log.Name())
+			if keep := os.Getenv("HANGAR_E2E_KEEP_LOG"); keep != "" {
+				_ = os.WriteFile(keep, b, 0o644)
+			}
 			var lines []string
 			for _, line := range strings.Split(string(b), "\n") {
 				if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
