@@ -6,6 +6,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,6 +20,8 @@ import (
 	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/platform/redisconn"
 	"github.com/hangar-dev/hangar/platform/service"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/server"
 )
 
@@ -36,7 +39,30 @@ const longCallTimeout = 15 * time.Minute
 type App struct {
 	svc       *service.Service
 	sandboxes *server.Server
+	driver    driver.Driver
 	redis     *redisconn.Conn
+}
+
+// newDriver builds the driver cfg.Driver names.
+func newDriver(cfg Config, logger *slog.Logger) (driver.Driver, error) {
+	switch cfg.Driver {
+	case "local":
+		return local.New(local.Options{
+			Root: cfg.Home, Gateway: local.ParseGateway(cfg.GatewayAddr), Logger: logger, Now: time.Now,
+			CopyFiles: cfg.Copies == "files",
+		})
+	default:
+		return nil, fmt.Errorf("HANGAR_SANDBOX_DRIVER=%q: no such sandbox driver (local is the one built in)", cfg.Driver)
+	}
+}
+
+// closeDriver releases what the driver holds (the local driver's lock on
+// the sandboxes directory), after every sandbox is destroyed.
+func closeDriver(d driver.Driver) error {
+	if c, ok := d.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
 
 // New builds the service from cfg. logger may be nil.
@@ -48,16 +74,22 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	svcLogger := logger.With("service", Name)
+	drv, err := newDriver(cfg, svcLogger)
+	if err != nil {
+		_ = redis.Close()
+		return nil, fmt.Errorf("starting the %s sandbox driver: %w", cfg.Driver, err)
+	}
 	sandboxes, err := server.New(ctx, server.Deps{
-		Redis:       redis.Client,
-		Home:        cfg.Home,
-		Logger:      logger.With("service", Name),
-		Now:         time.Now,
-		KeyPrefix:   server.DefaultKeyPrefix,
-		GatewayAddr: cfg.GatewayAddr,
-		CopyFiles:   cfg.Copies == "files",
+		Redis:     redis.Client,
+		Driver:    drv,
+		Home:      cfg.Home,
+		Logger:    svcLogger,
+		Now:       time.Now,
+		KeyPrefix: server.DefaultKeyPrefix,
 	})
 	if err != nil {
+		_ = closeDriver(drv)
 		_ = redis.Close()
 		return nil, fmt.Errorf("starting the sandbox service: %w", err)
 	}
@@ -75,10 +107,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	})
 	if err != nil {
 		_ = sandboxes.Close(ctx)
+		_ = closeDriver(drv)
 		_ = redis.Close()
 		return nil, err
 	}
-	return &App{svc: svc, sandboxes: sandboxes, redis: redis}, nil
+	return &App{svc: svc, sandboxes: sandboxes, driver: drv, redis: redis}, nil
 }
 
 // Handler serves gRPC and REST in-process (for a front door).
@@ -92,6 +125,9 @@ func (a *App) Run(ctx context.Context, lis net.Listener) error {
 	defer cancel()
 	if cerr := a.sandboxes.Close(closeCtx); cerr != nil {
 		a.svc.Logger().WarnContext(ctx, "sandbox shutdown failed", "error", cerr)
+	}
+	if cerr := closeDriver(a.driver); cerr != nil {
+		a.svc.Logger().WarnContext(ctx, "sandbox driver close failed", "error", cerr)
 	}
 	if cerr := a.redis.Close(); cerr != nil {
 		a.svc.Logger().WarnContext(ctx, "redis close failed", "error", cerr)

@@ -22,7 +22,6 @@ import (
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/destroyhook"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
-	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/environment"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/lease"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/pool"
@@ -31,16 +30,15 @@ import (
 // Deps are the server's dependencies.
 type Deps struct {
 	Redis *redis.Client
-	// Home is HANGAR_HOME: environments/ and sandboxes/ live there.
+	// Driver builds the sandboxes (app picks it from HANGAR_SANDBOX_DRIVER).
+	// The caller closes it after Close.
+	Driver driver.Driver
+	// Home is HANGAR_HOME: environments/ live there.
 	Home   string
 	Logger *slog.Logger
 	Now    func() time.Time
 	// KeyPrefix prefixes every Redis key; "hangar:sandbox:" when empty.
 	KeyPrefix string
-	// GatewayAddr ("host:port" or "unix:/path") stays reachable from
-	// egress-none sandboxes through a relay. Optional.
-	GatewayAddr string
-
 	// Optional knobs (zero means the default).
 
 	// DestroyHookTimeout bounds the wait for destroy acks (30s).
@@ -53,9 +51,6 @@ type Deps struct {
 	// WorkDir is where the built-in "local" environment looks for its git
 	// repository (the process's working directory when empty).
 	WorkDir string
-	// CopyFiles makes copies (copy_of) copy every file instead of sharing
-	// them by overlay.
-	CopyFiles bool
 }
 
 // Defaults.
@@ -80,7 +75,6 @@ type Server struct {
 	leases *lease.Manager
 	hooks  *destroyhook.Hub
 	drv    driver.Driver
-	disk   *local.Driver // the same driver: leftovers on disk
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -120,6 +114,9 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	if deps.Redis == nil {
 		return nil, errors.New("sandbox server: Redis is required")
 	}
+	if deps.Driver == nil {
+		return nil, errors.New("sandbox server: Driver is required")
+	}
 	if deps.Home == "" {
 		return nil, errors.New("sandbox server: Home is required")
 	}
@@ -139,12 +136,8 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	drv, err := local.New(local.Options{Root: deps.Home, Gateway: local.ParseGateway(deps.GatewayAddr), Logger: deps.Logger, Now: deps.Now, CopyFiles: deps.CopyFiles})
-	if err != nil {
-		return nil, err
-	}
 	s := &Server{
-		deps: deps, log: deps.Logger, now: deps.Now, envs: envs, drv: drv, disk: drv,
+		deps: deps, log: deps.Logger, now: deps.Now, envs: envs, drv: deps.Driver,
 		leases:    lease.New(deps.Redis, deps.KeyPrefix, deps.Now),
 		hooks:     destroyhook.NewHub(deps.Now, deps.DestroyHookTimeout),
 		sandboxes: map[string]*entry{}, pools: map[string]*poolEntry{}, terminals: map[string]*termSession{},
@@ -194,9 +187,6 @@ func (s *Server) Close(ctx context.Context) error {
 	wg.Wait()
 	s.cancel()
 	s.wg.Wait()
-	if err := s.disk.Close(); err != nil {
-		return fmt.Errorf("release the sandboxes directory: %w", err)
-	}
 	return nil
 }
 
@@ -237,7 +227,7 @@ func (s *Server) syncPool(e *environment.Environment) {
 	cur := s.pools[name]
 	var old *pool.Pool
 	switch {
-	case e == nil || e.WarmPoolSize == 0 || e.Driver != "local":
+	case e == nil || e.WarmPoolSize == 0 || e.Driver != s.drv.Name():
 		if cur != nil {
 			old = cur.pool
 			delete(s.pools, name)
@@ -494,12 +484,29 @@ func (s *Server) ApplyEnvironment(ctx context.Context, req *sandboxv1.ApplyEnvir
 	if req.GetEnvironment() == nil {
 		return nil, fault.InvalidArgument("environment", "environment is required")
 	}
-	e, created, err := s.envs.Apply(ctx, envFromProto(req.GetEnvironment()))
+	want := envFromProto(req.GetEnvironment())
+	if err := want.Validate(); err != nil {
+		return nil, err
+	}
+	if err := s.checkDriver(&want); err != nil {
+		return nil, err
+	}
+	e, created, err := s.envs.Apply(ctx, want)
 	if err != nil {
 		return nil, err
 	}
 	s.syncPool(e)
 	return &sandboxv1.ApplyEnvironmentResponse{Environment: envToProto(e), Created: created}, nil
+}
+
+// checkDriver refuses an environment this service's driver does not run:
+// it would otherwise run on another driver than the one it names.
+func (s *Server) checkDriver(e *environment.Environment) error {
+	if e.Driver == s.drv.Name() {
+		return nil
+	}
+	return fault.FailedPrecondition("DRIVER_NOT_CONFIGURED",
+		"environment %q uses the %s driver, but this sandbox service runs the %s driver (HANGAR_SANDBOX_DRIVER)", e.Name, e.Driver, s.drv.Name())
 }
 
 // DeleteEnvironment removes an environment and its warm pool.
@@ -641,7 +648,10 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 	if err != nil {
 		return nil, err
 	}
-	if k := req.GetWorkKey(); k != "" && !local.ValidKey(k) {
+	if err := s.checkDriver(env); err != nil {
+		return nil, err
+	}
+	if k := req.GetWorkKey(); k != "" && !driver.ValidKey(k) {
 		return nil, fault.InvalidArgument("work_key", "work_key %q must be letters, digits, '.', '_' or '-' (at most 128)", k)
 	}
 	holder := req.GetHolder()

@@ -19,6 +19,7 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/drivertest"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/pool"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/server"
 )
@@ -48,6 +49,14 @@ func start(t testing.TB, mod func(*server.Deps)) *env {
 	}
 	if mod != nil {
 		mod(&deps)
+	}
+	if deps.Driver == nil {
+		drv, err := local.New(local.Options{Root: deps.Home})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { drv.Close() }) // after the server's Close below
+		deps.Driver = drv
 	}
 	srv, err := server.New(context.Background(), deps)
 	if err != nil {

@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -85,13 +84,8 @@ func (d *Driver) Name() string { return "local" }
 // Dir returns the directory holding the sandboxes.
 func (d *Driver) Dir() string { return d.dir }
 
-var keyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-
-// ValidKey reports whether key can name a sandbox directory.
-func ValidKey(key string) bool { return keyPattern.MatchString(key) && !strings.Contains(key, "..") }
-
 func (d *Driver) claimKey(key string, sb *Sandbox) error {
-	if !ValidKey(key) {
+	if !driver.ValidKey(key) {
 		return fmt.Errorf("invalid work key %q", key)
 	}
 	d.mu.Lock()

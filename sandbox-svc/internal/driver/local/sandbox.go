@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/creack/pty"
-	"golang.org/x/sys/unix"
 
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 )
@@ -329,32 +328,11 @@ func exitStatus(ps *os.ProcessState, waitErr error) (driver.ExitStatus, error) {
 	}
 	ws, _ := ps.Sys().(syscall.WaitStatus)
 	if ws.Signaled() {
-		return driver.ExitStatus{Code: 128 + int(ws.Signal()), Signal: SignalName(ws.Signal())}, nil
+		return driver.ExitStatus{Code: 128 + int(ws.Signal()), Signal: driver.SignalName(ws.Signal())}, nil
 	}
 	// An ExitError or ErrWaitDelay after the process exited is not a
 	// failure of the exec itself.
 	return driver.ExitStatus{Code: ps.ExitCode()}, nil
-}
-
-// SignalName returns "KILL" for SIGKILL.
-func SignalName(s syscall.Signal) string {
-	return strings.TrimPrefix(unix.SignalName(s), "SIG")
-}
-
-// ParseSignal accepts "TERM", "SIGTERM" or a number.
-func ParseSignal(name string) (syscall.Signal, error) {
-	n := strings.ToUpper(strings.TrimSpace(name))
-	if !strings.HasPrefix(n, "SIG") {
-		n = "SIG" + n
-	}
-	if s := unix.SignalNum(n); s != 0 {
-		return s, nil
-	}
-	var num int
-	if _, err := fmt.Sscanf(name, "%d", &num); err == nil && num > 0 && num < 65 {
-		return syscall.Signal(num), nil
-	}
-	return 0, fmt.Errorf("unknown signal %q", name)
 }
 
 // Terminal starts a process on a new pty in its own session.
