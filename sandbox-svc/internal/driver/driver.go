@@ -76,6 +76,9 @@ type Info struct {
 	// shared with other sandboxes (a Copier's copy that shares the
 	// source's files, or a source that has been copied so).
 	Layered bool
+	// ToolVersion is the protocol version of the hangar-sandbox the
+	// driver placed in the sandbox (api/sandboxtool); 0: none.
+	ToolVersion int
 }
 
 // ExecRequest runs one command. Argv is run directly, not through a shell.

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/destroyhook"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
@@ -713,6 +714,14 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 		if err != nil {
 			return nil, createErr(env.Name, err)
 		}
+	}
+	// The control plane talks to a sandbox through its hangar-sandbox: one
+	// of another protocol version (an old image, a warm pod of an earlier
+	// release) would fail at its first checkpoint, so it fails here.
+	if v := sb.Info().ToolVersion; v != sandboxtool.Version {
+		s.destroyAsync(&entry{id: sb.Info().ID, env: env.Name, sb: sb, fromPool: fromPool}, destroyhook.ReasonFailed)
+		return nil, fault.FailedPrecondition("SANDBOX_TOOL_VERSION",
+			"the %s driver's sandboxes carry hangar-sandbox protocol version %d, this service needs %d (0: none; set HANGAR_SANDBOX_TOOL)", s.drv.Name(), v, sandboxtool.Version)
 	}
 	id := sb.Info().ID
 	e := &entry{id: id, env: env.Name, sb: sb, fromPool: fromPool, extraEnv: req.GetEnv(), state: sandboxv1.SandboxState_SANDBOX_STATE_LEASED}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/api/sandboxtool/tooltest"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/drivertest"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
@@ -51,7 +52,7 @@ func start(t testing.TB, mod func(*server.Deps)) *env {
 		mod(&deps)
 	}
 	if deps.Driver == nil {
-		drv, err := local.New(local.Options{Root: deps.Home})
+		drv, err := local.New(local.Options{Root: deps.Home, Tool: tooltest.Path(t)})
 		if err != nil {
 			t.Fatal(err)
 		}

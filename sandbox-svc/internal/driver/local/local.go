@@ -35,6 +35,10 @@ type Options struct {
 	// CopyFiles makes Copy copy every file even where it could mount an
 	// overlay (see overlay.go).
 	CopyFiles bool
+	// Tool is the hangar-sandbox binary; New checks its protocol version
+	// and puts a copy first on every sandbox's PATH (tool.go). Sandboxes
+	// have none when it is empty (tests of the driver alone).
+	Tool string
 }
 
 // Driver is the local driver.
@@ -48,6 +52,8 @@ type Driver struct {
 	noOverlay bool                // an overlay mount failed: copies copy files
 	cgroups   *cgroupTree         // nil where cgroups can't be made
 	lock      *os.File            // flock on the sandboxes directory; nil after Close
+	toolDir   string              // holds hangar-sandbox; "" without one
+	toolProto int                 // the protocol version it speaks
 }
 
 // New returns a local driver keeping its sandboxes under opts.Root. It takes
@@ -72,6 +78,12 @@ func New(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("local driver: %w", err)
 	}
 	d := &Driver{opts: opts, dir: dir, keys: map[string]*Sandbox{}, layers: map[string]*layer{}, lock: lock, cgroups: newCgroupTree(dir)}
+	if opts.Tool != "" {
+		if d.toolDir, d.toolProto, err = installTool(opts.Tool, dir); err != nil {
+			lock.Close()
+			return nil, fmt.Errorf("local driver: %w", err)
+		}
+	}
 	if err := d.sweepLayers(); err != nil {
 		opts.Logger.Warn("unused sandbox layers not removed", "error", err)
 	}

@@ -92,6 +92,7 @@ func (sb *Sandbox) Info() driver.Info {
 	return driver.Info{
 		ID: sb.spec.ID, WorkKey: sb.key, WorkDir: sb.workDir(), HomeDir: sb.homeDir(),
 		BaseCommit: sb.baseCommit, Egress: sb.spec.Egress, CreatedAt: sb.createdAt, Layered: layered,
+		ToolVersion: sb.d.toolProto,
 	}
 }
 
@@ -122,6 +123,9 @@ func (sb *Sandbox) env(extra map[string]string) []string {
 	}
 	for k, v := range extra {
 		m[k] = v
+	}
+	if sb.d.toolDir != "" {
+		m["PATH"] = sb.d.toolDir + string(os.PathListSeparator) + m["PATH"]
 	}
 	out := make([]string, 0, len(m))
 	for k, v := range m {
