@@ -67,6 +67,20 @@ const (
 	CommandRestore = "restore"
 	// CommandRemove: RemoveRequest → nothing.
 	CommandRemove = "remove"
+	// CommandInitWork: InitWorkRequest → nothing.
+	CommandInitWork = "init-work"
+	// CommandHead: HeadRequest → HeadResponse.
+	CommandHead = "head"
+	// CommandWorkBundle: WorkBundleRequest → a git bundle, or nothing
+	// when there are no commits past the base.
+	CommandWorkBundle = "work-bundle"
+	// CommandWorkDiff: WorkDiffRequest → a binary diff.
+	CommandWorkDiff = "work-diff"
+	// CommandCopyPrepare: CopyPrepareRequest → CopyPrepareResponse.
+	CommandCopyPrepare = "copy-prepare"
+	// CommandFromLocal: FromLocalRequest → nothing; ExitBaseMissing when
+	// the repository lacks the local base commit.
+	CommandFromLocal = "from-local"
 )
 
 // Exit codes.
@@ -359,4 +373,73 @@ type RestoreRequest struct {
 // RestoreResponse is the restored work tree's hash.
 type RestoreResponse struct {
 	Tree string `json:"tree"`
+}
+
+// InitWorkRequest gives a work tree a committer identity unless it has
+// one and, with Branch, checks that branch out at HEAD (created or reset).
+type InitWorkRequest struct {
+	WorkDir string `json:"work_dir"`
+	Branch  string `json:"branch,omitempty"`
+}
+
+// HeadRequest asks for HEAD and the branch checked out.
+type HeadRequest struct {
+	WorkDir string `json:"work_dir"`
+}
+
+// HeadResponse is HEAD's commit and branch ("" when detached).
+type HeadResponse struct {
+	Head   string `json:"head"`
+	Branch string `json:"branch,omitempty"`
+}
+
+// WorkBundleRequest asks for a bundle of Rev's commits that Base (when the
+// repository has it) does not reach.
+type WorkBundleRequest struct {
+	WorkDir string `json:"work_dir"`
+	Base    string `json:"base"`
+	Rev     string `json:"rev"`
+}
+
+// WorkDiffRequest asks for the work tree (tracked and untracked files
+// .gitignore does not exclude) against Against, as a binary diff; the
+// real index is left alone.
+type WorkDiffRequest struct {
+	WorkDir string `json:"work_dir"`
+	Against string `json:"against"`
+}
+
+// Move is a path to move to another.
+type Move struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+}
+
+// CopyPrepareRequest turns a copy of a sibling fork's sandbox into this
+// fork's: rename the branch checked out, move each path (one that is not
+// there is skipped; one whose target exists fails), then, with Verify,
+// hash the work tree again from its files (a copy's stat data is not the
+// index's, so every file is read: the copy is checked byte for byte).
+type CopyPrepareRequest struct {
+	WorkDir    string `json:"work_dir"`
+	FromBranch string `json:"from_branch"`
+	ToBranch   string `json:"to_branch"`
+	Moves      []Move `json:"moves,omitempty"`
+	Verify     bool   `json:"verify,omitempty"`
+}
+
+// CopyPrepareResponse has the work tree's hash when asked to verify.
+type CopyPrepareResponse struct {
+	Tree string `json:"tree,omitempty"`
+}
+
+// FromLocalRequest applies a local checkout's work (`--from-local`) from
+// files in Dir (bundle, diff, untracked.tar; each optional): Branch moves
+// to the bundle's tip (Base without one), the diff goes to the index and
+// the work tree, the untracked files are unpacked, and Dir is removed.
+type FromLocalRequest struct {
+	WorkDir string `json:"work_dir"`
+	Dir     string `json:"dir"`
+	Branch  string `json:"branch"`
+	Base    string `json:"base"`
 }

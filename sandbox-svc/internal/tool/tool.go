@@ -55,6 +55,12 @@ func commands() map[string]command {
 		sandboxtool.CommandRemove:       typed(remove),
 		sandboxtool.CommandRestoreProbe: typed(restoreProbe),
 		sandboxtool.CommandRestore:      typed(restore),
+		sandboxtool.CommandInitWork:     typed(initWork),
+		sandboxtool.CommandHead:         typed(head),
+		sandboxtool.CommandWorkBundle:   typed(workBundle),
+		sandboxtool.CommandWorkDiff:     typed(workDiff),
+		sandboxtool.CommandCopyPrepare:  typed(copyPrepare),
+		sandboxtool.CommandFromLocal:    typed(fromLocal),
 	}
 }
 

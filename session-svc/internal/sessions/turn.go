@@ -375,7 +375,7 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	for k, v := range inv.Env {
 		env[k] = v
 	}
-	env["PATH"] = agentBinDir(sb) + ":" + pathOr(env["PATH"])
+	env["PATH"] = pathOr(env["PATH"]) // the driver puts hangar-agent first
 	command := strings.Join(inv.Argv, " ")
 	if _, err := m.d.Store.UpdateTurn(ctx, name, number, func(t *store.Turn) error {
 		t.Command = command
