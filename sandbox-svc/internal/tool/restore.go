@@ -192,17 +192,21 @@ func hasPatch(p string) bool {
 // the second it wrote the index: git takes such entries for "racily clean"
 // and reads every one again at each status until the index is written in
 // a later second (and a copy of this sandbox by overlay would copy each one
-// up to do so). The tracked files written in the last two seconds are
-// dated two seconds before the restore began and the index is refreshed
-// (each of them read once, against the index): then no entry is racy, and
-// one of them the diffs changed differs from its entry in mtime, whatever
-// its size. Older files are left alone: not racy, not read again.
+// up to do so). The tracked files written since a second before the
+// restore began (what it wrote, and what the sandbox's own checkout wrote
+// in that second) are dated two seconds before it began and the index is
+// refreshed (each of them read once, against the index): then no entry is
+// racy (every other file is older than the second the restore began in,
+// and the index is written no earlier), and one of them the diffs changed
+// differs from its entry in mtime, whatever its size. Older files are left
+// alone: not racy, not read again, so a restore into a sandbox made a few
+// seconds ago reads only what it wrote.
 func settle(ctx context.Context, r repo, began time.Time) error {
 	list, _, err := r.run(ctx, gitCmd{args: []string{"ls-files", "-z"}})
 	if err != nil {
 		return err
 	}
-	recent := time.Now().Add(-2 * time.Second)
+	recent := began.Add(-time.Second)
 	past := began.Add(-2 * time.Second).Truncate(time.Second)
 	for _, name := range splitNUL(list) {
 		p := filepath.Join(r.dir, name)
