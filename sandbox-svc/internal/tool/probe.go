@@ -146,8 +146,69 @@ func probe(ctx context.Context, req *sandboxtool.ProbeRequest, _ io.Reader, out 
 			}
 		}
 	}
-	types, err := r.objectTypes(ctx, "HEAD", "HEAD^{tree}", req.Base+"^{commit}", cached+"^{tree}")
-	if err != nil {
+	// Each process costs milliseconds in a sandbox: everything that does
+	// not need another's result runs at once. The scans and the refresh
+	// are wasted only when there is no HEAD or base (then nothing is
+	// captured).
+	id := nonce()
+	tmp := filepath.Join(loc.gitDir, "hangar-tree-index."+id)
+	itmp := filepath.Join(loc.gitDir, "hangar-itree-index."+id)
+	defer os.Remove(tmp)
+	defer os.Remove(itmp)
+	var (
+		types              [][2]string
+		refs               string
+		scan, staged       []byte
+		ancestor, hasIndex bool
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		var err error
+		types, err = r.objectTypes(gctx, "HEAD", "HEAD^{tree}", req.Base+"^{commit}", cached+"^{tree}")
+		return err
+	})
+	g.Go(func() error {
+		var err error
+		refs, err = r.git(gctx, "for-each-ref", "--format=%(objectname) %(refname) %(HEAD)", "refs/heads/")
+		return err
+	})
+	// The untracked scan and the index's entries of the empty blob (an
+	// intent-to-add entry, git add -N, is one).
+	g.Go(func() error {
+		var err error
+		scan, _, err = r.run(gctx, gitCmd{args: []string{"ls-files", "-z", "--others", "--exclude-standard", "--directory"}})
+		return err
+	})
+	g.Go(func() error {
+		var err error
+		staged, _, err = r.run(gctx, gitCmd{args: []string{"ls-files", "-s", "-z"}})
+		return err
+	})
+	if req.PreviousHead != "" {
+		g.Go(func() error {
+			_, code, err := r.run(gctx, gitCmd{args: []string{"merge-base", "--is-ancestor", req.PreviousHead, "HEAD"}, ok: []int{1, 128}})
+			ancestor = err == nil && code == 0
+			return nil
+		})
+	}
+	g.Go(func() error {
+		if !isFile(loc.index) {
+			return nil
+		}
+		if !sameFile(loc.index, stamp) {
+			refreshStamp(gctx, r, loc.index, stamp)
+		}
+		// Two copies: the index's own tree and the work tree's are
+		// written at once, each from its own.
+		for _, p := range []string{tmp, itmp} {
+			if err := linkOrCopy(loc.index, p); err != nil {
+				return fmt.Errorf("copy the index: %w", err)
+			}
+		}
+		hasIndex = true
+		return nil
+	})
+	if err := g.Wait(); err != nil {
 		return err
 	}
 	res := sandboxtool.ProbeResponse{Head: types[0][0], Base: types[2][0], GitDir: loc.gitDir}
@@ -158,10 +219,6 @@ func probe(ctx context.Context, req *sandboxtool.ProbeRequest, _ io.Reader, out 
 		res.Base = "missing"
 	}
 	htree := types[1][0]
-	refs, err := r.git(ctx, "for-each-ref", "--format=%(objectname) %(refname) %(HEAD)", "refs/heads/")
-	if err != nil {
-		return err
-	}
 	for _, l := range strings.Split(refs, "\n") {
 		f := strings.Fields(l)
 		if len(f) < 2 {
@@ -176,38 +233,16 @@ func probe(ctx context.Context, req *sandboxtool.ProbeRequest, _ io.Reader, out 
 	if res.Head == "none" || res.Base == "missing" {
 		return writeJSON(out, res)
 	}
+	res.Ancestor = req.PreviousHead != "" && (req.PreviousHead == res.Head || ancestor)
 
-	tmp := filepath.Join(loc.gitDir, "hangar-tree-index."+nonce())
-	defer os.Remove(tmp)
-	if isFile(loc.index) {
-		if !sameFile(loc.index, stamp) {
-			refreshStamp(ctx, r, loc.index, stamp)
-		}
-		if err := linkOrCopy(loc.index, tmp); err != nil {
-			return fmt.Errorf("copy the index: %w", err)
-		}
-	}
-	tmpEnv := []string{"GIT_INDEX_FILE=" + tmp}
-	var scan, staged []byte
-	g, gctx := errgroup.WithContext(ctx)
-	// The untracked scan and the index's entries of the empty blob (an
-	// intent-to-add entry, git add -N, is one) run alongside add -A.
-	g.Go(func() error {
-		var err error
-		scan, _, err = r.run(gctx, gitCmd{args: []string{"ls-files", "-z", "--others", "--exclude-standard", "--directory"}})
-		return err
-	})
-	g.Go(func() error {
-		var err error
-		staged, _, err = r.run(gctx, gitCmd{args: []string{"ls-files", "-s", "-z"}})
-		return err
-	})
+	g, gctx = errgroup.WithContext(ctx)
 	g.Go(func() error {
 		itree := "-"
-		if types[3][1] == "tree" && sameFile(tmp, stamp) {
+		if types[3][1] == "tree" && hasIndex && sameFile(itmp, stamp) {
 			itree = types[3][0]
 		} else {
-			if t, _, err := r.run(gctx, gitCmd{args: []string{"write-tree"}, env: tmpEnv}); err == nil {
+			// No index: the empty tree, as git write-tree gives.
+			if t, _, err := r.run(gctx, gitCmd{args: []string{"write-tree"}, env: []string{"GIT_INDEX_FILE=" + itmp}}); err == nil {
 				itree = strings.TrimSpace(string(t))
 			}
 			if itree != "-" && sameFile(loc.index, stamp) {
@@ -215,23 +250,19 @@ func probe(ctx context.Context, req *sandboxtool.ProbeRequest, _ io.Reader, out 
 			}
 		}
 		res.ITree = itree
-		if _, _, err := r.run(gctx, gitCmd{args: []string{"add", "-A"}, env: tmpEnv}); err != nil {
+		return nil
+	})
+	g.Go(func() error {
+		env := []string{"GIT_INDEX_FILE=" + tmp}
+		if _, _, err := r.run(gctx, gitCmd{args: []string{"add", "-A"}, env: env}); err != nil {
 			return err
 		}
-		tree, _, err := r.run(gctx, gitCmd{args: []string{"write-tree"}, env: tmpEnv})
+		tree, _, err := r.run(gctx, gitCmd{args: []string{"write-tree"}, env: env})
 		res.Tree = strings.TrimSpace(string(tree))
 		return err
 	})
 	if err := g.Wait(); err != nil {
 		return err
-	}
-	if req.PreviousHead != "" {
-		if req.PreviousHead == res.Head {
-			res.Ancestor = true
-		} else {
-			_, code, err := r.run(ctx, gitCmd{args: []string{"merge-base", "--is-ancestor", req.PreviousHead, "HEAD"}, ok: []int{1, 128}})
-			res.Ancestor = err == nil && code == 0
-		}
 	}
 	if res.ITree == "-" {
 		return writeJSON(out, res)
