@@ -456,7 +456,7 @@ func (m *Manager) collectArtifacts(ctx context.Context, s *store.Session, sb *sa
 		m.appendStoreEvents(ctx, s.Name, []store.Event{{Turn: turn, Kind: "file_change", Path: rel, Text: "artifact " + rel}})
 	}
 	if len(files) > 0 {
-		return m.run(ctx, sb.GetId(), s.FencingToken, []string{"rm", "-rf", root}, nil)
+		return m.tool(ctx, sb.GetId(), s.FencingToken, sandboxtool.CommandRemove, sandboxtool.RemoveRequest{Path: root}, nil)
 	}
 	return nil
 }

@@ -1,10 +1,8 @@
 package sessions
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"path"
 	"strings"
 	"time"
@@ -14,7 +12,6 @@ import (
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
-	"github.com/hangar-dev/hangar/api/sandboxexec"
 	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
@@ -236,24 +233,6 @@ func (m *Manager) releaseSandbox(ctx context.Context, name, sandboxID string, to
 // releaseWait bounds waiting for a released sandbox to be destroyed (its
 // destroy hooks may checkpoint first).
 const releaseWait = 2 * time.Minute
-
-// run runs a command in the work tree and fails with its stderr when it
-// exits non-zero.
-func (m *Manager) run(ctx context.Context, sandboxID string, token uint64, argv []string, stdout *bytes.Buffer) error {
-	var stderr bytes.Buffer
-	var out io.Writer = io.Discard
-	if stdout != nil {
-		out = stdout
-	}
-	code, err := sandboxexec.New(m.d.Sandboxes).Exec(ctx, sandboxID, token, argv, nil, "", nil, out, &stderr)
-	if err != nil {
-		return err
-	}
-	if code != 0 {
-		return fmt.Errorf("%s exited %d: %s", argv[0], code, strings.TrimSpace(lastLines(stderr.String(), 5)))
-	}
-	return nil
-}
 
 // agentDir is where hangar-agent writes, under the sandbox's HOME.
 func agentDir(sb *sandboxv1.Sandbox) string { return path.Join(sb.GetHomeDir(), ".hangar-agent") }

@@ -20,6 +20,7 @@ import (
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
@@ -593,7 +594,7 @@ func (m *Manager) takeQuestion(ctx context.Context, sb *sandboxv1.Sandbox, token
 	if err != nil {
 		return nil, err
 	}
-	if err := m.run(ctx, sb.GetId(), token, []string{"rm", "-f", p}, nil); err != nil {
+	if err := m.tool(ctx, sb.GetId(), token, sandboxtool.CommandRemove, sandboxtool.RemoveRequest{Path: p}, nil); err != nil {
 		return nil, err
 	}
 	text := strings.TrimSpace(string(resp.GetContent()))
