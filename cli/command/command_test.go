@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hangar-dev/hangar/api/sandboxtool/tooltest"
 	"github.com/hangar-dev/hangar/cli/command"
 	"github.com/hangar-dev/hangar/cli/up"
 )
@@ -77,7 +78,7 @@ func TestStatusFindsUpThroughDataDir(t *testing.T) {
 	cfg.Home, cfg.Addr, cfg.LogLevel, cfg.LogFormat = home, "127.0.0.1:0", "error", "text"
 	stack, err := up.Start(ctx, cfg, envOf(map[string]string{
 		"HANGAR_SESSION_ADDR": "127.0.0.1:0", "HANGAR_SANDBOX_ADDR": "127.0.0.1:0", "HANGAR_CHECKPOINT_ADDR": "127.0.0.1:0",
-		"HANGAR_GATEWAY_ADDR": "127.0.0.1:0", "HANGAR_REPLAY_ADDR": "127.0.0.1:0",
+		"HANGAR_GATEWAY_ADDR": "127.0.0.1:0", "HANGAR_REPLAY_ADDR": "127.0.0.1:0", "HANGAR_SANDBOX_TOOL": tooltest.Path(t),
 	}), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		cancel()

@@ -24,6 +24,7 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/api/sandboxtool/tooltest"
 	"github.com/hangar-dev/hangar/cli/client"
 	"github.com/hangar-dev/hangar/cli/command"
 	"github.com/hangar-dev/hangar/cli/up"
@@ -73,6 +74,8 @@ func startStack(t testing.TB, opts stackOptions) *stack {
 	vars := map[string]string{
 		"HANGAR_SESSION_ADDR": "127.0.0.1:0", "HANGAR_SANDBOX_ADDR": "127.0.0.1:0", "HANGAR_CHECKPOINT_ADDR": "127.0.0.1:0",
 		"HANGAR_GATEWAY_ADDR": "127.0.0.1:0", "HANGAR_REPLAY_ADDR": "127.0.0.1:0",
+		// Built once per test process, not once per stack.
+		"HANGAR_SANDBOX_TOOL": tooltest.Path(t),
 	}
 	if opts.script != nil {
 		dir := os.Getenv("HANGAR_HARNESS_DIR")

@@ -6,6 +6,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,9 +18,12 @@ import (
 
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/openapi"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
+	"github.com/hangar-dev/hangar/api/sandboxtool/toolbuild"
 	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/platform/redisconn"
 	"github.com/hangar-dev/hangar/platform/service"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/server"
 )
@@ -38,7 +42,64 @@ const longCallTimeout = 15 * time.Minute
 type App struct {
 	svc       *service.Service
 	sandboxes *server.Server
+	driver    driver.Driver
 	redis     *redisconn.Conn
+}
+
+// newDriver builds the driver cfg.Driver names.
+func newDriver(ctx context.Context, cfg Config, logger *slog.Logger) (driver.Driver, error) {
+	switch cfg.Driver {
+	case "local":
+		tool, err := findTool(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return local.New(local.Options{
+			Root: cfg.Home, Gateway: local.ParseGateway(cfg.GatewayAddr), Logger: logger, Now: time.Now,
+			CopyFiles: cfg.Copies == "files", Tool: tool,
+			Isolation: isolation(cfg.Isolation),
+			// Agent CLIs named without a directory are looked up on this
+			// service's PATH too (`hangar up` with the CLIs on PATH): their
+			// install directories are bound and go on the sandboxes' PATH.
+			ReadOnlyPaths: append(local.InstallDirs(local.SandboxPath+string(filepath.ListSeparator)+os.Getenv("PATH"), cfg.ClaudeBin, cfg.CodexBin, cfg.PiBin, cfg.PiNodeBinDir),
+				cfg.ReadOnlyPaths...),
+			SearchPath: local.FoundDirs(os.Getenv("PATH"), cfg.ClaudeBin, cfg.CodexBin, cfg.PiBin),
+		})
+	default:
+		return nil, fmt.Errorf("HANGAR_SANDBOX_DRIVER=%q: no such sandbox driver (local is the one built in)", cfg.Driver)
+	}
+}
+
+// findTool returns the hangar-sandbox to place in sandboxes: the one
+// HANGAR_SANDBOX_TOOL names, else the one beside this program (a release
+// ships them together), else one built from the source tree this runs in
+// (`go run ./cli/cmd/hangar up`) into HANGAR_HOME/bin. The hangar binary
+// is not the tool itself: it takes ~50 ms to start (88 MB, every
+// service's init) against ~3 ms, and a capture runs the tool six times.
+func findTool(ctx context.Context, cfg Config) (string, error) {
+	if cfg.Tool != "" {
+		return cfg.Tool, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		beside := filepath.Join(filepath.Dir(exe), sandboxtool.Binary)
+		if st, err := os.Stat(beside); err == nil && st.Mode().IsRegular() {
+			return beside, nil
+		}
+	}
+	tool, err := toolbuild.Build(ctx, filepath.Join(cfg.Home, "bin"))
+	if err != nil {
+		return "", fmt.Errorf("no hangar-sandbox: set HANGAR_SANDBOX_TOOL to its path, put it beside %s, or run from the source tree with go on PATH (%w)", Name, err)
+	}
+	return tool, nil
+}
+
+// closeDriver releases what the driver holds (the local driver's lock on
+// the sandboxes directory), after every sandbox is destroyed.
+func closeDriver(d driver.Driver) error {
+	if c, ok := d.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
 
 // New builds the service from cfg. logger may be nil.
@@ -50,23 +111,22 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	svcLogger := logger.With("service", Name)
+	drv, err := newDriver(ctx, cfg, svcLogger)
+	if err != nil {
+		_ = redis.Close()
+		return nil, fmt.Errorf("starting the %s sandbox driver: %w", cfg.Driver, err)
+	}
 	sandboxes, err := server.New(ctx, server.Deps{
-		Redis:       redis.Client,
-		Home:        cfg.Home,
-		Logger:      logger.With("service", Name),
-		Now:         time.Now,
-		KeyPrefix:   server.DefaultKeyPrefix,
-		GatewayAddr: cfg.GatewayAddr,
-		CopyFiles:   cfg.Copies == "files",
-		Isolation:   isolation(cfg.Isolation),
-		// Agent CLIs named without a directory are looked up on this
-		// service's PATH too (`hangar up` with the CLIs on PATH): their
-		// install directories are bound and go on the sandboxes' PATH.
-		ReadOnlyPaths: append(local.InstallDirs(local.SandboxPath+string(filepath.ListSeparator)+os.Getenv("PATH"), cfg.ClaudeBin, cfg.CodexBin, cfg.PiBin, cfg.PiNodeBinDir),
-			cfg.ReadOnlyPaths...),
-		SearchPath: local.FoundDirs(os.Getenv("PATH"), cfg.ClaudeBin, cfg.CodexBin, cfg.PiBin),
+		Redis:     redis.Client,
+		Driver:    drv,
+		Home:      cfg.Home,
+		Logger:    svcLogger,
+		Now:       time.Now,
+		KeyPrefix: server.DefaultKeyPrefix,
 	})
 	if err != nil {
+		_ = closeDriver(drv)
 		_ = redis.Close()
 		return nil, fmt.Errorf("starting the sandbox service: %w", err)
 	}
@@ -84,10 +144,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	})
 	if err != nil {
 		_ = sandboxes.Close(ctx)
+		_ = closeDriver(drv)
 		_ = redis.Close()
 		return nil, err
 	}
-	return &App{svc: svc, sandboxes: sandboxes, redis: redis}, nil
+	return &App{svc: svc, sandboxes: sandboxes, driver: drv, redis: redis}, nil
 }
 
 func isolation(name string) local.Isolation {
@@ -113,6 +174,9 @@ func (a *App) Run(ctx context.Context, lis net.Listener) error {
 	defer cancel()
 	if cerr := a.sandboxes.Close(closeCtx); cerr != nil {
 		a.svc.Logger().WarnContext(ctx, "sandbox shutdown failed", "error", cerr)
+	}
+	if cerr := closeDriver(a.driver); cerr != nil {
+		a.svc.Logger().WarnContext(ctx, "sandbox driver close failed", "error", cerr)
 	}
 	if cerr := a.redis.Close(); cerr != nil {
 		a.svc.Logger().WarnContext(ctx, "redis close failed", "error", cerr)

@@ -20,6 +20,11 @@ type Config struct {
 	// GatewayAddr is the model gateway's address, the one path out of a
 	// sandbox with egress none.
 	GatewayAddr string `env:"HANGAR_GATEWAY_ADDR" flag:"gateway-addr" default:"127.0.0.1:7404" help:"gateway-svc address reachable from sandboxes"`
+	// Tool is the hangar-sandbox binary the driver places in every
+	// sandbox. Empty: the one beside this program's executable, else one
+	// built from the source tree with the go command into
+	// HANGAR_HOME/bin (see app.findTool).
+	Tool string `env:"HANGAR_SANDBOX_TOOL" flag:"tool" path:"true" help:"path of the hangar-sandbox binary placed in sandboxes"`
 	// Copies is how the local driver copies a sandbox (forks): overlay
 	// shares the files until one is written (needs root and overlayfs; it
 	// copies files where it can't mount), files copies every file.

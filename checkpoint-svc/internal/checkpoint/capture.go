@@ -3,8 +3,7 @@ package checkpoint
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,13 +12,13 @@ import (
 	"path"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/platform/fault"
 )
 
@@ -34,21 +33,9 @@ type sandbox struct {
 	token uint64
 }
 
-// gitEnv keeps git from writing the index as a side effect of reading and
-// makes its messages stable.
-var gitEnv = map[string]string{"LC_ALL": "C", "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0"}
-
-// diffArgs make a patch git apply takes back exactly, whatever the
-// sandbox's git configuration says (no renames, full hashes, binary).
-var diffArgs = []string{"-c", "core.quotePath=true", "diff", "--binary", "--full-index", "--no-renames", "--no-ext-diff",
-	"--no-textconv", "--no-color", "--ignore-submodules=none", "--src-prefix=a/", "--dst-prefix=b/"}
-
-func shArgv(script string, args ...string) []string {
-	return append([]string{"sh", "-c", script, "sh"}, args...)
-}
-
 // run executes argv in the sandbox; a non-zero exit other than the allowed
-// ones is an error carrying the end of stderr (for logs only).
+// ones is an error carrying the reason the tool gave (or the end of
+// stderr), for logs only.
 func (e *Engine) run(ctx context.Context, sb sandbox, argv []string, env map[string]string, stdin io.Reader, stdout io.Writer, allowed ...int) (int, error) {
 	var stderr tailBuffer
 	code, err := e.opt.Exec.Exec(ctx, sb.id, sb.token, argv, env, "", stdin, stdout, &stderr)
@@ -56,13 +43,41 @@ func (e *Engine) run(ctx context.Context, sb sandbox, argv []string, env map[str
 		return code, err
 	}
 	if code != 0 && !slices.Contains(allowed, code) {
-		name := argv[0]
-		if name == "sh" && len(argv) > 2 {
-			name = "sh: " + strings.SplitN(strings.TrimPrefix(argv[2], "set -e\n"), "\n", 2)[0]
-		} else if len(argv) > 3 {
-			name = strings.Join(argv[:4], " ")
-		}
-		return code, fmt.Errorf("sandbox command %q exited %d: %s", name, code, stderr.String())
+		return code, fmt.Errorf("sandbox command %q exited %d: %s", strings.Join(argv[:min(len(argv), 2)], " "), code, sandboxtool.FailureOf(stderr.b))
+	}
+	return code, nil
+}
+
+// toolCall is one hangar-sandbox command and its request.
+type toolCall struct {
+	command string
+	req     any
+}
+
+// tool runs a hangar-sandbox command in the sandbox: the request line,
+// then input (may be nil) on its stdin, its result to stdout.
+func (e *Engine) tool(ctx context.Context, sb sandbox, c toolCall, input io.Reader, stdout io.Writer, allowed ...int) (int, error) {
+	line, err := sandboxtool.Request(c.req)
+	if err != nil {
+		return -1, err
+	}
+	var in io.Reader = bytes.NewReader(line)
+	if input != nil {
+		in = io.MultiReader(in, input)
+	}
+	return e.run(ctx, sb, sandboxtool.Argv(c.command), nil, in, stdout, allowed...)
+}
+
+// toolJSON runs a command whose result is one JSON response; resp is not
+// set when the command exits with one of allowed.
+func (e *Engine) toolJSON(ctx context.Context, sb sandbox, c toolCall, resp any, allowed ...int) (int, error) {
+	var out bytes.Buffer
+	code, err := e.tool(ctx, sb, c, nil, &out, allowed...)
+	if err != nil || code != 0 {
+		return code, err
+	}
+	if err := json.Unmarshal(out.Bytes(), resp); err != nil {
+		return code, fmt.Errorf("%s %s: bad response: %w", sandboxtool.Binary, c.command, err)
 	}
 	return code, nil
 }
@@ -97,49 +112,28 @@ type probe struct {
 	emptyBlobs []string
 }
 
-// parseProbe reads probeScript's output: "key value" lines, then, after a
-// line "changes", the tree diffs and the untracked scan.
-func parseProbe(out []byte) (probe, error) {
-	var p probe
-	rest := out
-	for len(rest) > 0 {
-		line, after, _ := bytes.Cut(rest, []byte("\n"))
-		rest = after
-		if string(line) == "changes" {
-			changes, untracked, empty, err := parseChanges(rest)
-			if err != nil {
-				return p, err
-			}
-			p.changes, p.untracked, p.emptyBlobs = changes, untracked, empty
-			break
-		}
-		k, v, _ := strings.Cut(string(line), " ")
-		switch k {
-		case "head":
-			p.head = v
-		case "base":
-			p.base = v
-		case "gitdir":
-			p.gitdir = v
-		case "ref":
-			f := strings.Fields(v)
-			if len(f) < 2 {
-				continue
-			}
-			name := strings.TrimPrefix(f[1], "refs/heads/")
-			p.refs = append(p.refs, ref{Name: name, Commit: f[0]})
-			if len(f) == 3 && f[2] == "*" {
-				p.branch = name
-			}
-		case "itree":
-			p.itree = v
-		case "ancestor":
-			p.ancestor = v == "yes"
-		case "tree":
-			p.tree = v
+// probeFrom reads the tool's probe response.
+func probeFrom(r sandboxtool.ProbeResponse) probe {
+	p := probe{head: r.Head, base: r.Base, gitdir: r.GitDir, branch: r.Branch, tree: r.Tree, itree: r.ITree, ancestor: r.Ancestor}
+	for _, f := range r.Refs {
+		p.refs = append(p.refs, ref{Name: f.Name, Commit: f.Commit})
+	}
+	if r.ITree == "-" || r.ITree == "" {
+		return p
+	}
+	p.changes = map[string][]change{}
+	for pair, list := range map[string][]sandboxtool.Change{"HI": r.HeadIndex, "HW": r.HeadWorkTree, "IW": r.IndexWorkTree} {
+		for _, c := range list {
+			p.changes[pair] = append(p.changes[pair], change{newMode: c.NewMode, status: c.Status, path: string(c.Path)})
 		}
 	}
-	return p, nil
+	for _, n := range r.Untracked {
+		p.untracked = append(p.untracked, string(n))
+	}
+	for _, n := range r.EmptyBlobs {
+		p.emptyBlobs = append(p.emptyBlobs, string(n))
+	}
+	return p
 }
 
 func checkCapture(req *checkpointv1.CaptureCheckpointRequest) error {
@@ -214,27 +208,23 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	if prev != nil && commitRE.MatchString(prev.cp.GetHeadCommit()) {
 		prevHead = prev.cp.GetHeadCommit()
 	}
-	var nonce [6]byte
-	rand.Read(nonce[:])
-	var out bytes.Buffer
-	code, err := e.run(ctx, sb, shArgv(probeScript, wd, req.GetBaseCommit(), hex.EncodeToString(nonce[:]), prevHead), gitEnv, nil, &out, 10)
+	var resp sandboxtool.ProbeResponse
+	code, err := e.toolJSON(ctx, sb, toolCall{sandboxtool.CommandProbe, sandboxtool.ProbeRequest{WorkDir: wd, Base: req.GetBaseCommit(), PreviousHead: prevHead}},
+		&resp, sandboxtool.ExitNotARepo)
 	if err != nil {
 		return nil, fmt.Errorf("capture probe: %w", err)
 	}
-	if code == 10 {
+	if code == sandboxtool.ExitNotARepo {
 		return nil, fault.FailedPrecondition(ReasonNotARepo, "work_dir %s is not the top of a git work tree", wd)
 	}
-	pr, err := parseProbe(out.Bytes())
-	if err != nil {
-		return nil, err
-	}
+	pr := probeFrom(resp)
 	switch {
 	case pr.base == "missing" || pr.base == "":
 		return nil, fault.FailedPrecondition(ReasonBaseMissing, "base commit %s is not in the sandbox's repository", req.GetBaseCommit())
 	case !commitRE.MatchString(pr.head):
 		return nil, fault.FailedPrecondition(ReasonNotARepo, "the repository in %s has no commit checked out", wd)
 	case !commitRE.MatchString(pr.tree) || (pr.itree != "-" && !commitRE.MatchString(pr.itree)):
-		return nil, fmt.Errorf("capture probe: unexpected output %q", out.String())
+		return nil, fmt.Errorf("capture probe: unexpected trees %q, %q", pr.tree, pr.itree)
 	}
 
 	dk, err := e.opt.Keys.NewDataKey()
@@ -249,17 +239,13 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	// capturePart runs argvs one after the other into one part (none: the
 	// part is empty); a command exiting with one of allowed yields no part.
 	// pw receives the part; its stored bytes count whatever happened.
-	capturePart := func(pw *partWriter, kind checkpointv1.PartKind, limit int64, env map[string]string, stdin []byte, argvs [][]string, allowed ...int) (*checkpointv1.Part, *checkpointv1.Warning, error) {
+	capturePart := func(pw *partWriter, kind checkpointv1.PartKind, limit int64, calls []toolCall, allowed ...int) (*checkpointv1.Part, *checkpointv1.Warning, error) {
 		var (
 			code int
 			err  error
 		)
-		for i, argv := range argvs {
-			var in io.Reader
-			if i == 0 && stdin != nil {
-				in = bytes.NewReader(stdin)
-			}
-			if code, err = e.run(ctx, sb, argv, env, in, pw, allowed...); err != nil || code != 0 {
+		for _, c := range calls {
+			if code, err = e.tool(ctx, sb, c, nil, pw, allowed...); err != nil || code != 0 {
 				break
 			}
 		}
@@ -287,94 +273,26 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 		return &checkpointv1.Part{Kind: kind, SizeBytes: pw.size, Sha256: pw.sha(), Objects: pw.objects}, nil, nil
 	}
 
-	// Bundle: incremental on the previous checkpoint while its chain holds.
-	exclude := []string{pr.base}
-	var chain []*checkpointv1.Part
-	prevID := ""
-	if prev != nil && continuesChain(prev, pr) {
-		prevID = prev.cp.GetId()
-		for _, p := range prev.cp.GetParts() {
-			if p.GetKind() == checkpointv1.PartKind_PART_KIND_BUNDLE {
-				chain = append(chain, p)
-			}
-		}
-		exclude = append(exclude, prev.cp.GetHeadCommit())
-		for _, r := range prev.Refs {
-			exclude = append(exclude, r.Commit)
-		}
-	}
-	positive := []string{"HEAD"}
-	for _, r := range pr.refs {
-		positive = append(positive, "refs/heads/"+r.Name)
-	}
-	bundleEnv := withGitEnv(map[string]string{"HANGAR_EXCLUDE": strings.Join(exclude, " ")})
-
-	git := func(args ...string) []string {
-		return append(append([]string{"git", "-C", wd}, diffArgs...), args...)
-	}
-	type step struct {
-		kind    checkpointv1.PartKind
-		limit   int64
-		argvs   [][]string
-		env     map[string]string
-		stdin   []byte // the first command's
-		allowed []int  // exit codes meaning "no part" (the bundle's 3: no commits)
-	}
-	// Nothing to bundle when the chain goes on and HEAD and the branches
-	// are where the previous checkpoint had them.
-	var steps []step
-	if prevID == "" || prev.cp.GetHeadCommit() != pr.head || !slices.Equal(prev.Refs, pr.refs) {
-		steps = append(steps, step{kind: checkpointv1.PartKind_PART_KIND_BUNDLE, limit: e.opt.MaxPartBytes,
-			argvs: [][]string{shArgv(bundleScript, append([]string{wd}, positive...)...)}, env: bundleEnv, allowed: []int{3}})
-	}
-	// With the index's tree (it lacks one only with unmerged entries) the
-	// parts are diffs between trees, which cost what changed rather than
-	// what the tree holds; otherwise they come from git diff over the index
-	// and the work tree.
-	untrackedLimit := minLimit(e.opt.MaxUntrackedBytes, e.opt.MaxPartBytes)
-	if pr.itree != "-" {
-		diff, files, args := treeParts(pr, wd, git)
-		var index [][]string
-		if len(pr.changes["HI"]) > 0 {
-			index = [][]string{git(pr.head, pr.itree)}
-		}
-		steps = append(steps,
-			step{kind: checkpointv1.PartKind_PART_KIND_DIFF, limit: e.opt.MaxPartBytes, argvs: diff, env: literalEnv},
-			step{kind: checkpointv1.PartKind_PART_KIND_INDEX, limit: e.opt.MaxPartBytes, argvs: index, env: gitEnv},
-			step{kind: checkpointv1.PartKind_PART_KIND_UNTRACKED, limit: untrackedLimit, env: gitEnv, stdin: files,
-				argvs: [][]string{shArgv(untrackedTreeScript, args...)}},
-		)
-	} else {
-		steps = append(steps,
-			step{kind: checkpointv1.PartKind_PART_KIND_DIFF, limit: e.opt.MaxPartBytes, argvs: [][]string{git("HEAD")}, env: gitEnv},
-			step{kind: checkpointv1.PartKind_PART_KIND_INDEX, limit: e.opt.MaxPartBytes, argvs: [][]string{git("--cached", "HEAD")}, env: gitEnv},
-			step{kind: checkpointv1.PartKind_PART_KIND_UNTRACKED, limit: untrackedLimit, argvs: [][]string{shArgv(untrackedScript, wd)}, env: gitEnv},
-		)
-	}
-	// The whole work against the base, from the work tree's tree:
-	// GetCheckpointPatch needs no sandbox.
-	steps = append(steps, step{kind: checkpointv1.PartKind_PART_KIND_PATCH, limit: e.opt.MaxPartBytes, argvs: [][]string{git(pr.base, pr.tree)}, env: gitEnv})
-	if paths := req.GetConversationPaths(); len(paths) > 0 {
-		argv := append([]string{"tar", "-c", "-f", "-", "--format=gnu", "-P", "--ignore-failed-read", "--"}, paths...)
-		steps = append(steps, step{kind: checkpointv1.PartKind_PART_KIND_CONVERSATION, limit: e.opt.MaxPartBytes, argvs: [][]string{argv}, env: gitEnv})
-	}
+	plan := planCapture(pr, prev, wd, req.GetConversationPaths(), planLimits{part: e.opt.MaxPartBytes, untracked: e.opt.MaxUntrackedBytes})
+	steps, chain, prevID := plan.steps, plan.chain, plan.prevID
 	got := make([]*checkpointv1.Part, len(steps))
 	warned := make([]*checkpointv1.Warning, len(steps))
 	errs := make([]error, len(steps))
 	writers := make([]*partWriter, len(steps))
-	var wg sync.WaitGroup
+	// Each part reports its error on its own (not through the group):
+	// the first cause wins over the cancellations it caused.
+	var g errgroup.Group
 	for i, st := range steps {
 		writers[i] = newPartWriter(ctx, e.opt.Store, dk, e.idKey, st.kind, st.limit, e.known)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			got[i], warned[i], errs[i] = capturePart(writers[i], st.kind, st.limit, st.env, st.stdin, st.argvs, st.allowed...)
+		g.Go(func() error {
+			got[i], warned[i], errs[i] = capturePart(writers[i], st.kind, st.limit, st.calls, st.allowed...)
 			if errs[i] != nil {
 				cancel()
 			}
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
+	_ = g.Wait()
 	if err := firstCause(errs); err != nil {
 		return nil, err
 	}
@@ -400,19 +318,19 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	// A restore without the untracked files verifies the tracked ones.
 	tracked := ""
 	if untrackedSkipped {
-		var tout bytes.Buffer
-		if _, err := e.run(ctx, sb, shArgv(treeScript, wd, "-u"), gitEnv, nil, &tout); err != nil {
+		var th sandboxtool.TreeHashResponse
+		if _, err := e.toolJSON(ctx, sb, toolCall{sandboxtool.CommandTreeHash, sandboxtool.TreeHashRequest{WorkDir: wd, TrackedOnly: true}}, &th); err != nil {
 			return nil, fmt.Errorf("capture tracked tree: %w", err)
 		}
-		tracked = strings.TrimSpace(tout.String())
+		tracked = th.Tree
 	}
 
 	if req.GetVerifySettled() {
-		var sout bytes.Buffer
-		if _, err := e.run(ctx, sb, shArgv(treeScript, wd, "-A"), gitEnv, nil, &sout); err != nil {
+		var th sandboxtool.TreeHashResponse
+		if _, err := e.toolJSON(ctx, sb, toolCall{sandboxtool.CommandTreeHash, sandboxtool.TreeHashRequest{WorkDir: wd}}, &th); err != nil {
 			return nil, fmt.Errorf("capture settled tree: %w", err)
 		}
-		if strings.TrimSpace(sout.String()) != pr.tree {
+		if th.Tree != pr.tree {
 			return nil, fault.Aborted(ReasonTreeChanged, "the work tree changed while it was captured: no checkpoint was kept; take one again later")
 		}
 	}
@@ -555,20 +473,104 @@ func intentToAdd(pr probe) [][]byte {
 	return out
 }
 
-// literalEnv is gitEnv with pathspecs taken literally: the paths a tree
-// diff names are file names, whatever bytes they hold.
-var literalEnv = withGitEnv(map[string]string{"GIT_LITERAL_PATHSPECS": "1"})
-
-// withGitEnv adds gitEnv to env and returns it.
-func withGitEnv(env map[string]string) map[string]string {
-	maps.Copy(env, gitEnv)
-	return env
-}
-
 // maxPathspecBytes bounds the paths a tree diff names on its command line;
 // past it the work tree's diff is git diff's over the index and the work
 // tree (the same patch, at the cost of a scan of the work tree).
 const maxPathspecBytes = 256 << 10
+
+// step is one part of a capture: the commands that write it, one after
+// the other.
+type step struct {
+	kind  checkpointv1.PartKind
+	limit int64
+	calls []toolCall
+	// allowed are exit codes meaning "no part" (the bundle's: no commits).
+	allowed []int
+}
+
+// planLimits are the engine's part size limits.
+type planLimits struct{ part, untracked int64 }
+
+// capturePlan is what a capture writes.
+type capturePlan struct {
+	// prevID is the previous checkpoint this one's bundle builds on ("":
+	// the bundle holds everything since the base), chain that one's
+	// bundles.
+	prevID string
+	chain  []*checkpointv1.Part
+	steps  []step
+}
+
+// planCapture decides, from the probe and the previous checkpoint (nil:
+// none), which parts a capture writes and with which commands. It only
+// decides: capture does the work.
+func planCapture(pr probe, prev *manifest, wd string, conversation []string, lim planLimits) capturePlan {
+	var plan capturePlan
+	// Bundle: incremental on the previous checkpoint while its chain holds.
+	exclude := []string{pr.base}
+	if prev != nil && continuesChain(prev, pr) {
+		plan.prevID = prev.cp.GetId()
+		for _, p := range prev.cp.GetParts() {
+			if p.GetKind() == checkpointv1.PartKind_PART_KIND_BUNDLE {
+				plan.chain = append(plan.chain, p)
+			}
+		}
+		exclude = append(exclude, prev.cp.GetHeadCommit())
+		for _, r := range prev.Refs {
+			exclude = append(exclude, r.Commit)
+		}
+	}
+	positive := []string{"HEAD"}
+	for _, r := range pr.refs {
+		positive = append(positive, "refs/heads/"+r.Name)
+	}
+	// Nothing to bundle when the chain goes on and HEAD and the branches
+	// are where the previous checkpoint had them.
+	if plan.prevID == "" || prev.cp.GetHeadCommit() != pr.head || !slices.Equal(prev.Refs, pr.refs) {
+		plan.steps = append(plan.steps, step{kind: checkpointv1.PartKind_PART_KIND_BUNDLE, limit: lim.part,
+			calls:   []toolCall{{sandboxtool.CommandBundle, sandboxtool.BundleRequest{WorkDir: wd, Positive: positive, Exclude: exclude}}},
+			allowed: []int{sandboxtool.ExitNothing}})
+	}
+	diff := func(cached bool, revs []string, paths []string) toolCall {
+		req := sandboxtool.DiffRequest{WorkDir: wd, Cached: cached, Revs: revs}
+		for _, p := range paths {
+			req.Paths = append(req.Paths, sandboxtool.Name(p))
+		}
+		return toolCall{sandboxtool.CommandDiff, req}
+	}
+	// With the index's tree (it lacks one only with unmerged entries) the
+	// parts are diffs between trees, which cost what changed rather than
+	// what the tree holds; otherwise they come from git diff over the index
+	// and the work tree.
+	untrackedLimit := minLimit(lim.untracked, lim.part)
+	if pr.itree != "-" {
+		worktree, untracked := treeParts(pr, wd, diff)
+		var index []toolCall
+		if len(pr.changes["HI"]) > 0 {
+			index = []toolCall{diff(false, []string{pr.head, pr.itree}, nil)}
+		}
+		plan.steps = append(plan.steps,
+			step{kind: checkpointv1.PartKind_PART_KIND_DIFF, limit: lim.part, calls: worktree},
+			step{kind: checkpointv1.PartKind_PART_KIND_INDEX, limit: lim.part, calls: index},
+			step{kind: checkpointv1.PartKind_PART_KIND_UNTRACKED, limit: untrackedLimit, calls: []toolCall{{sandboxtool.CommandUntracked, untracked}}},
+		)
+	} else {
+		plan.steps = append(plan.steps,
+			step{kind: checkpointv1.PartKind_PART_KIND_DIFF, limit: lim.part, calls: []toolCall{diff(false, []string{"HEAD"}, nil)}},
+			step{kind: checkpointv1.PartKind_PART_KIND_INDEX, limit: lim.part, calls: []toolCall{diff(true, []string{"HEAD"}, nil)}},
+			step{kind: checkpointv1.PartKind_PART_KIND_UNTRACKED, limit: untrackedLimit,
+				calls: []toolCall{{sandboxtool.CommandUntracked, sandboxtool.UntrackedRequest{WorkDir: wd, Scan: true}}}},
+		)
+	}
+	// The whole work against the base, from the work tree's tree:
+	// GetCheckpointPatch needs no sandbox.
+	plan.steps = append(plan.steps, step{kind: checkpointv1.PartKind_PART_KIND_PATCH, limit: lim.part, calls: []toolCall{diff(false, []string{pr.base, pr.tree}, nil)}})
+	if len(conversation) > 0 {
+		plan.steps = append(plan.steps, step{kind: checkpointv1.PartKind_PART_KIND_CONVERSATION, limit: lim.part,
+			calls: []toolCall{{sandboxtool.CommandArchive, sandboxtool.ArchiveRequest{Paths: conversation}}}})
+	}
+	return plan
+}
 
 // treeParts returns, from the probe's tree diffs, the commands that write
 // the DIFF part, the tracked files' uncommitted changes against HEAD (what
@@ -576,14 +578,15 @@ const maxPathspecBytes = 256 << 10
 // that changed and are tracked (the index has them, or HEAD has them and
 // the work tree does not), plus HEAD against the index's tree on the staged
 // deletions whose files are still there (untracked now); none when nothing
-// changed. And the untracked part's input: the untracked files (stdin) and
-// untrackedTreeScript's arguments.
-func treeParts(pr probe, wd string, git func(...string) []string) (diff [][]string, stdin []byte, untrackedArgs []string) {
+// changed. And the untracked part's request: the untracked files, the
+// directories that lost tracked files, the untracked repositories and
+// directories.
+func treeParts(pr probe, wd string, diff func(cached bool, revs, paths []string) toolCall) ([]toolCall, sandboxtool.UntrackedRequest) {
 	// What the work tree's tree has and the index's lacks is untracked;
 	// gitlinks there are repositories.
 	untracked := map[string]bool{}
 	repos := map[string]bool{}
-	var files bytes.Buffer
+	req := sandboxtool.UntrackedRequest{WorkDir: wd}
 	emptied := map[string]bool{}
 	for _, c := range pr.changes["IW"] {
 		switch c.status {
@@ -593,8 +596,7 @@ func treeParts(pr probe, wd string, git func(...string) []string) (diff [][]stri
 				repos[c.path] = true
 				continue
 			}
-			files.WriteString(c.path)
-			files.WriteByte(0)
+			req.Files = append(req.Files, sandboxtool.Name(c.path))
 		case "D":
 			for d := path.Dir(c.path); d != "." && d != "/" && !emptied[d]; d = path.Dir(d) {
 				emptied[d] = true
@@ -615,24 +617,24 @@ func treeParts(pr probe, wd string, git func(...string) []string) (diff [][]stri
 			size += len(c.path) + 1
 		}
 	}
+	var calls []toolCall
 	switch {
 	case size > maxPathspecBytes:
-		diff = append(diff, git("HEAD"))
+		calls = append(calls, diff(false, []string{"HEAD"}, nil))
 	default:
 		if len(changed) > 0 {
-			diff = append(diff, git(append([]string{pr.head, pr.tree, "--"}, changed...)...))
+			calls = append(calls, diff(false, []string{pr.head, pr.tree}, changed))
 		}
 		if len(stagedDeleted) > 0 {
-			diff = append(diff, git(append([]string{pr.head, pr.itree, "--"}, stagedDeleted...)...))
+			calls = append(calls, diff(false, []string{pr.head, pr.itree}, stagedDeleted))
 		}
 	}
 
-	dot := func(set map[string]bool) []string {
-		out := make([]string, 0, len(set))
-		for p := range set {
-			out = append(out, "./"+p)
+	sorted := func(set map[string]bool) []sandboxtool.Name {
+		out := make([]sandboxtool.Name, 0, len(set))
+		for _, p := range slices.Sorted(maps.Keys(set)) {
+			out = append(out, sandboxtool.Name(p))
 		}
-		slices.Sort(out)
 		return out
 	}
 	dirs := map[string]bool{}
@@ -641,70 +643,8 @@ func treeParts(pr probe, wd string, git func(...string) []string) (diff [][]stri
 			dirs[d] = true
 		}
 	}
-	untrackedArgs = []string{wd, strconv.Itoa(len(emptied)), strconv.Itoa(len(repos))}
-	untrackedArgs = append(untrackedArgs, dot(emptied)...)
-	untrackedArgs = append(untrackedArgs, dot(repos)...)
-	untrackedArgs = append(untrackedArgs, dot(dirs)...)
-	return diff, files.Bytes(), untrackedArgs
+	req.Emptied, req.Repos, req.Dirs = sorted(emptied), sorted(repos), sorted(dirs)
+	return calls, req
 }
 
 type change struct{ newMode, status, path string }
-
-var changePairs = []string{"HI", "HW", "IW"}
-
-// parseChanges reads the probe's output after "changes": `git diff-tree
-// --stdin --always -z --raw` of three tree pairs (each a header line "a
-// b\n", then entries ":modes hashes status\0path\0"), then
-// "\0untracked\0" and the untracked scan's NUL-separated names, then
-// "/ita\0" and the paths of the index's empty-blob entries.
-func parseChanges(data []byte) (map[string][]change, []string, []string, error) {
-	bad := func(what string) error { return fmt.Errorf("capture probe: unexpected changes output (%s)", what) }
-	marker := []byte("\x00untracked\x00")
-	res := map[string][]change{}
-	sec := -1
-	diffs := data
-	for {
-		// Header lines start with a hash, entries with ':', the marker
-		// (after the last entry or header) with NUL.
-		for len(diffs) > 0 && diffs[0] != ':' && diffs[0] != 0 {
-			nl := bytes.IndexByte(diffs, '\n')
-			if nl < 0 {
-				return nil, nil, nil, bad("header")
-			}
-			sec++
-			diffs = diffs[nl+1:]
-		}
-		if bytes.HasPrefix(diffs, marker) {
-			diffs = diffs[len(marker):]
-			break
-		}
-		meta, after, ok1 := bytes.Cut(diffs, []byte{0})
-		path, after, ok2 := bytes.Cut(after, []byte{0})
-		f := strings.Fields(string(meta))
-		if !ok1 || !ok2 || len(f) != 5 || !strings.HasPrefix(f[0], ":") || sec < 0 || sec >= len(changePairs) {
-			return nil, nil, nil, bad("entry")
-		}
-		res[changePairs[sec]] = append(res[changePairs[sec]], change{newMode: f[1], status: f[4], path: string(path)})
-		diffs = after
-	}
-	if sec != len(changePairs)-1 {
-		return nil, nil, nil, bad("pairs")
-	}
-	var untracked, empty []string
-	list := &untracked
-	for _, n := range bytes.Split(diffs, []byte{0}) {
-		switch {
-		case len(n) == 0:
-		case list == &untracked && string(n) == "/ita":
-			list = &empty
-		case list == &empty:
-			// "mode hash stage\tpath"
-			if _, p, ok := bytes.Cut(n, []byte("\t")); ok && len(p) > 0 {
-				empty = append(empty, string(p))
-			}
-		default:
-			untracked = append(untracked, string(n))
-		}
-	}
-	return res, untracked, empty, nil
-}

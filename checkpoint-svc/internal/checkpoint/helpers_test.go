@@ -15,6 +15,7 @@ import (
 	"time"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	"github.com/hangar-dev/hangar/api/sandboxtool/tooltest"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/checkpoint"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/hostexec"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/vault"
@@ -99,7 +100,9 @@ func newWorld(t testing.TB, tweak ...func(*checkpoint.Options)) *world {
 	}
 	w.store = st
 	w.keys = newKeys(t)
-	w.exec = &hostexec.Executor{Root: "/", Env: map[string]string{"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}}
+	w.exec = &hostexec.Executor{Root: "/", Env: map[string]string{"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
+		// A sandbox's PATH: hangar-sandbox and git, nothing else.
+		"PATH": tooltest.MinimalPATH(t)}}
 	w.opts = checkpoint.Options{Store: w.store, Exec: w.exec, Keys: w.keys, Now: w.clock,
 		KeepCheckpoints: 5, MaxUntrackedBytes: 20 << 20, MaxPartBytes: 100 << 20}
 	for _, f := range tweak {

@@ -19,6 +19,7 @@ import (
 
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/api/sandboxtool/tooltest"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/checkpoint"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/gcsstore"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/hostexec"
@@ -130,7 +131,9 @@ func sandboxServer(t testing.TB) checkpoint.Executor {
 	}
 	srv := grpc.NewServer()
 	sandboxv1.RegisterSandboxServiceServer(srv, &hostexec.SandboxServer{Exec_: &hostexec.Executor{Root: "/",
-		Env: map[string]string{"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}}})
+		Env: map[string]string{"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
+			// A sandbox's PATH: hangar-sandbox and git, nothing else.
+			"PATH": tooltest.MinimalPATH(t)}}})
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
 	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -1,26 +1,19 @@
 package checkpoint
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
-	"path"
 	"slices"
 	"strings"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/platform/fault"
 )
-
-const restoreProbeScript = `cd "$1" && [ "$(git rev-parse --is-inside-work-tree 2>/dev/null)" = true ] || exit 10
-[ "$(git rev-parse --show-prefix)" = "" ] || exit 10
-git cat-file -e "$2^{commit}" 2>/dev/null || exit 11
-git rev-parse --absolute-git-dir
-`
 
 // Restore rebuilds a checkpoint in a fresh sandbox whose work_dir is a
 // clone holding the checkpoint's base commit.
@@ -84,32 +77,35 @@ func (e *Engine) restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 		}
 	}
 
-	var out bytes.Buffer
-	code, err := e.run(ctx, sb, shArgv(restoreProbeScript, wd, cp.GetBaseCommit()), gitEnv, nil, &out, 10, 11)
+	var rp sandboxtool.RestoreProbeResponse
+	code, err := e.toolJSON(ctx, sb, toolCall{sandboxtool.CommandRestoreProbe, sandboxtool.RestoreProbeRequest{WorkDir: wd, Base: cp.GetBaseCommit()}},
+		&rp, sandboxtool.ExitNotARepo, sandboxtool.ExitBaseMissing)
 	switch {
 	case err != nil:
 		return "", fmt.Errorf("restore probe: %w", err)
-	case code == 10:
+	case code == sandboxtool.ExitNotARepo:
 		return "", fault.FailedPrecondition(ReasonNotARepo, "work_dir %s is not the top of a git work tree", wd)
-	case code == 11:
+	case code == sandboxtool.ExitBaseMissing:
 		return "", fault.FailedPrecondition(ReasonBaseMissing, "the sandbox's repository lacks base commit %s", cp.GetBaseCommit())
 	}
-	gitdir := strings.TrimSpace(out.String())
 	var r [6]byte
 	rand.Read(r[:])
-	st := gitdir + "/hangar-restore-" + hex.EncodeToString(r[:])
-	if _, err := e.run(ctx, sb, []string{"mkdir", "-m", "0700", st}, nil, nil, nil); err != nil {
-		return "", fmt.Errorf("restore: staging dir: %w", err)
-	}
+	// The restore command removes the staging directory when it ends;
+	// until it runs, this does.
+	st := rp.GitDir + "/hangar-restore-" + hex.EncodeToString(r[:])
+	restored := false
 	defer func() {
-		if _, err := e.run(context.WithoutCancel(ctx), sb, []string{"rm", "-rf", st}, nil, nil, nil); err != nil {
+		if restored {
+			return
+		}
+		if _, err := e.tool(context.WithoutCancel(ctx), sb, toolCall{sandboxtool.CommandRemove, sandboxtool.RemoveRequest{Path: st}}, nil, nil); err != nil {
 			e.opt.Logger.LogAttrs(ctx, slog.LevelWarn, "restore staging cleanup failed", slog.Any("error", err))
 		}
 	}()
 
 	// Phase 1: stage and check every part.
 	stage := func(name string, src io.Reader) error {
-		_, err := e.run(ctx, sb, shArgv(stageScript, st+"/"+name), nil, src, nil)
+		_, err := e.tool(ctx, sb, toolCall{sandboxtool.CommandStage, sandboxtool.StageRequest{Path: st + "/" + name}}, src, nil)
 		return err
 	}
 	// stagePart streams a part through check (which copies what it
@@ -200,75 +196,47 @@ func (e *Engine) restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 		return fault.Wrap(fault.KindFailedPrecondition, "CHECKPOINT_RESTORE_FAILED",
 			fmt.Sprintf("restoring checkpoint %s failed part way; the sandbox is in an unknown state and must be destroyed", cp.GetId()), err)
 	}
-	target, head := branch, cp.GetHeadCommit()
+	target := branch
 	if rename != "" {
 		target = rename
 	}
-	if target == "" {
-		target = "-"
-	}
-	if _, err := e.run(ctx, sb, shArgv(restoreScript, wd, st, target, head), gitEnv, nil, nil); err != nil {
-		return "", failed(err)
-	}
-	if untracked {
-		// Nothing may be written through a symbolic link the checkout or
-		// the diffs made.
-		var links bytes.Buffer
-		if _, err := e.run(ctx, sb, shArgv(symlinkScript, wd), nil, nil, &links); err != nil {
-			return "", failed(err)
-		}
-		set := map[string]bool{}
-		for _, l := range bytes.Split(links.Bytes(), []byte{0}) {
-			if len(l) > 0 {
-				set[path.Clean(string(l))] = true
-			}
-		}
-		for _, n := range untrackedNames {
-			for p := n; p != "." && p != "/"; p = path.Dir(p) {
-				if set[p] {
-					return "", failed(fmt.Errorf("%w: untracked %q goes through the symbolic link %q", errUnsafePath, n, p))
-				}
-			}
-		}
-		if _, err := e.run(ctx, sb, shArgv(untarScript, wd, st+"/untracked.tar"), nil, nil, nil); err != nil {
-			return "", failed(err)
-		}
-		if len(m.IntentToAdd) > 0 {
-			// Only files the untracked part held, whose names it checked.
-			names := map[string]bool{}
-			for _, n := range untrackedNames {
-				names[n] = true
-			}
-			var list bytes.Buffer
-			for _, p := range m.IntentToAdd {
-				if !names[string(p)] {
-					return "", failed(fmt.Errorf("%w: intent-to-add %q is not among the untracked files", errDamaged, p))
-				}
-				list.Write(p)
-				list.WriteByte(0)
-			}
-			if _, err := e.run(ctx, sb, shArgv(intentToAddScript, wd), literalEnv, &list, nil); err != nil {
-				return "", failed(err)
-			}
-		}
-	}
-	var tout bytes.Buffer
-	if _, err := e.run(ctx, sb, shArgv(treeScript, wd, "-A"), gitEnv, nil, &tout); err != nil {
-		return "", failed(err)
-	}
-	got, want := strings.TrimSpace(tout.String()), cp.GetTreeHash()
+	want := cp.GetTreeHash()
 	if untrackedSkipped {
 		want = m.TrackedTreeHash
 	}
+	rreq := sandboxtool.RestoreRequest{WorkDir: wd, Staging: st, Branch: target, Head: cp.GetHeadCommit(),
+		Untracked: untracked, TrackedOnly: untrackedSkipped, WantTree: want, Conversation: conversation}
+	if untracked && len(m.IntentToAdd) > 0 {
+		// Only files the untracked part held, whose names it checked.
+		names := map[string]bool{}
+		for _, n := range untrackedNames {
+			names[n] = true
+		}
+		for _, p := range m.IntentToAdd {
+			if !names[string(p)] {
+				return "", failed(fmt.Errorf("%w: intent-to-add %q is not among the untracked files", errDamaged, p))
+			}
+			rreq.IntentToAdd = append(rreq.IntentToAdd, sandboxtool.Name(p))
+		}
+	}
+	// One command: check out, apply, unpack the untracked files (never
+	// through a symbolic link the checkout or the diffs made), hash the
+	// tree, and unpack the conversation files only when it is the one
+	// captured.
+	var rr sandboxtool.RestoreResponse
+	restored = true
+	code, err = e.toolJSON(ctx, sb, toolCall{sandboxtool.CommandRestore, rreq}, &rr, sandboxtool.ExitUnsafePath)
+	switch {
+	case err != nil:
+		return "", failed(err)
+	case code == sandboxtool.ExitUnsafePath:
+		return "", failed(fmt.Errorf("%w: an untracked file goes through a symbolic link", errUnsafePath))
+	}
+	got := rr.Tree
 	if got != want {
 		return got, fault.Wrap(fault.KindFailedPrecondition, ReasonTreeMismatch,
 			fmt.Sprintf("the restored work tree of checkpoint %s differs from the one captured; the sandbox must be destroyed", cp.GetId()),
 			fmt.Errorf("tree %s, want %s", got, want))
-	}
-	if conversation {
-		if _, err := e.run(ctx, sb, []string{"tar", "-x", "-p", "--no-same-owner", "-P", "-f", st + "/conversation.tar"}, nil, nil, nil); err != nil {
-			return got, failed(err)
-		}
 	}
 	return got, nil
 }

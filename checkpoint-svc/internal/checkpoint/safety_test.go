@@ -2,6 +2,7 @@ package checkpoint_test
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"testing"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/checkpoint"
 	"github.com/hangar-dev/hangar/platform/blob"
 	"github.com/hangar-dev/hangar/platform/fault"
@@ -145,7 +147,15 @@ type evilExec struct {
 }
 
 func (e *evilExec) Exec(ctx context.Context, id string, tok uint64, argv []string, env map[string]string, cwd string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	if strings.Contains(strings.Join(argv, " "), e.match) {
+	key := strings.Join(argv, " ")
+	if argv[0] == sandboxtool.Binary && stdin != nil {
+		// The tool's request line says what it is asked for.
+		br := bufio.NewReader(stdin)
+		line, _ := br.ReadBytes('\n')
+		key += " " + string(line)
+		stdin = io.MultiReader(bytes.NewReader(line), br)
+	}
+	if strings.Contains(key, e.match) {
 		_, err := stdout.Write(e.payload)
 		return 0, err
 	}
@@ -182,18 +192,18 @@ func TestPathEscapesRefused(t *testing.T) {
 		payload     []byte
 		phase2      bool
 	}{
-		{"dotdot", "--no-recursion -T -", tarOf(t, reg("../escape.txt")), false},
-		{"nested dotdot", "--no-recursion -T -", tarOf(t, reg("a/../../escape.txt")), false},
-		{"absolute", "--no-recursion -T -", tarOf(t, reg(filepath.Join(outside, "escape.txt"))), false},
-		{"into .git", "--no-recursion -T -", tarOf(t, reg(".git/hooks/post-checkout")), false},
-		{"symlink then write through", "--no-recursion -T -", tarOf(t, link("out", outside), reg("out/escape.txt")), false},
-		{"hard link out", "--no-recursion -T -", tarOf(t, &tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"}), false},
-		{"device", "--no-recursion -T -", tarOf(t, &tar.Header{Name: "dev", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}), false},
-		{"through a tracked symlink", "--no-recursion -T -", tarOf(t, reg("link-a/escape.txt")), true},
-		{"diff dotdot", " -- README.md", []byte("diff --git a/../escape.txt b/../escape.txt\nnew file mode 100644\n"), false},
-		{"diff absolute quoted", " -- README.md", []byte("diff --git \"a//etc/x\" \"b//etc/x\"\n"), false},
-		{"diff rename", " -- README.md", []byte("diff --git a/x b/y\nrename from x\nrename to ../y\n"), false},
-		{"conversation outside its roots", "--ignore-failed-read", tarOf(t, reg(filepath.Join(outside, "escape.txt"))), false},
+		{"dotdot", "hangar-sandbox untracked", tarOf(t, reg("../escape.txt")), false},
+		{"nested dotdot", "hangar-sandbox untracked", tarOf(t, reg("a/../../escape.txt")), false},
+		{"absolute", "hangar-sandbox untracked", tarOf(t, reg(filepath.Join(outside, "escape.txt"))), false},
+		{"into .git", "hangar-sandbox untracked", tarOf(t, reg(".git/hooks/post-checkout")), false},
+		{"symlink then write through", "hangar-sandbox untracked", tarOf(t, link("out", outside), reg("out/escape.txt")), false},
+		{"hard link out", "hangar-sandbox untracked", tarOf(t, &tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"}), false},
+		{"device", "hangar-sandbox untracked", tarOf(t, &tar.Header{Name: "dev", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}), false},
+		{"through a tracked symlink", "hangar-sandbox untracked", tarOf(t, reg("link-a/escape.txt")), true},
+		{"diff dotdot", `"paths":["README.md"]`, []byte("diff --git a/../escape.txt b/../escape.txt\nnew file mode 100644\n"), false},
+		{"diff absolute quoted", `"paths":["README.md"]`, []byte("diff --git \"a//etc/x\" \"b//etc/x\"\n"), false},
+		{"diff rename", `"paths":["README.md"]`, []byte("diff --git a/x b/y\nrename from x\nrename to ../y\n"), false},
+		{"conversation outside its roots", "hangar-sandbox archive", tarOf(t, reg(filepath.Join(outside, "escape.txt"))), false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

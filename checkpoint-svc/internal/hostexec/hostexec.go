@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -35,18 +36,25 @@ func (e *Executor) Exec(ctx context.Context, _ string, _ uint64, argv []string, 
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	all := maps.Clone(e.Env)
+	if all == nil {
+		all = map[string]string{}
+	}
+	maps.Copy(all, env)
+	// A command is looked up on the PATH it runs with (as in a sandbox),
+	// not this process's.
+	name := argv[0]
+	if p, ok := all["PATH"]; ok && !strings.Contains(name, "/") {
+		name = lookPath(name, p)
+	}
+	cmd := exec.CommandContext(ctx, name, argv[1:]...)
+	cmd.Args[0] = argv[0]
 	cmd.Dir = e.Root
 	if filepath.IsAbs(cwd) {
 		cmd.Dir = cwd
 	} else if cwd != "" {
 		cmd.Dir = filepath.Join(e.Root, cwd)
 	}
-	all := maps.Clone(e.Env)
-	if all == nil {
-		all = map[string]string{}
-	}
-	maps.Copy(all, env)
 	cmd.Env = os.Environ()
 	for k, v := range all {
 		cmd.Env = append(cmd.Env, k+"="+v)
@@ -74,6 +82,18 @@ func (e *Executor) Exec(ctx context.Context, _ string, _ uint64, argv []string, 
 		return -1, err
 	}
 	return 0, nil
+}
+
+// lookPath finds name in the directories of path; name itself (a
+// command not found: exit 127 from the start) when it is in none.
+func lookPath(name, path string) string {
+	for _, dir := range filepath.SplitList(path) {
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	return name
 }
 
 type writeErr struct {

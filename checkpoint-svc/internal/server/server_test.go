@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	"github.com/hangar-dev/hangar/api/sandboxtool/tooltest"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/hostexec"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/server"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/vault"
@@ -82,7 +83,9 @@ func start(t *testing.T) *fixture {
 	}
 	svc, err := server.New(server.Deps{
 		Store: st, VaultKeys: vault.NewKeyring(key), KeepCheckpoints: 5, MaxUntrackedMB: 20, MaxPartMB: 100,
-		Exec: &hostexec.Executor{Root: "/", Env: map[string]string{"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}},
+		Exec: &hostexec.Executor{Root: "/", Env: map[string]string{"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
+			// A sandbox's PATH: hangar-sandbox and git, nothing else.
+			"PATH": tooltest.MinimalPATH(t)}},
 	})
 	if err != nil {
 		t.Fatal(err)

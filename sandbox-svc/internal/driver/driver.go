@@ -79,6 +79,9 @@ type Info struct {
 	// shared with other sandboxes (a Copier's copy that shares the
 	// source's files, or a source that has been copied so).
 	Layered bool
+	// ToolVersion is the protocol version of the hangar-sandbox the
+	// driver placed in the sandbox (api/sandboxtool); 0: none.
+	ToolVersion int
 }
 
 // ExecRequest runs one command. Argv is run directly, not through a shell.
@@ -195,4 +198,28 @@ type Copier interface {
 	// operations runs; those started on src during the copy wait for it. Setup is not run again.
 	// On error nothing is left behind.
 	Copy(ctx context.Context, src Sandbox, spec Spec) (Sandbox, error)
+}
+
+// Leftover is a sandbox an earlier process of this service left behind (it
+// crashed, or was killed before its shutdown destroyed it) that no live
+// sandbox of this driver owns.
+type Leftover struct {
+	// Key names it (the work key, or the sandbox id).
+	Key string
+	// ID and Environment are the sandbox's, when the driver recorded them
+	// (empty when the process ended before it could).
+	ID          string
+	Environment string
+	// Where is for logs: a directory, a pod name.
+	Where string
+}
+
+// LeftoverCleaner is a Driver whose sandboxes can outlive the process that
+// made them. The server lists the leftovers at start and on each reap, and
+// removes those whose lease is gone.
+type LeftoverCleaner interface {
+	Leftovers(ctx context.Context) ([]Leftover, error)
+	// RemoveLeftover removes lo unless a live sandbox has taken its key
+	// since it was listed (then it reports false).
+	RemoveLeftover(ctx context.Context, lo Leftover) (bool, error)
 }

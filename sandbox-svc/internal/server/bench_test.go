@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"github.com/hangar-dev/hangar/api/sandboxtool/tooltest"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -109,10 +110,22 @@ var isolations = []struct {
 	iso  local.Isolation
 }{{"bwrap", local.IsolationBwrap}, {"none", local.IsolationNone}}
 
+// withIsolation gives the server a local driver isolating as iso.
+func withIsolation(b *testing.B, iso local.Isolation) func(*server.Deps) {
+	return func(d *server.Deps) {
+		drv, err := local.New(local.Options{Root: d.Home, Tool: tooltest.Path(b), Isolation: iso})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { drv.Close() })
+		d.Driver = drv
+	}
+}
+
 func BenchmarkExecRoundTrip(b *testing.B) {
 	for _, is := range isolations {
 		b.Run("isolation="+is.name, func(b *testing.B) {
-			e := start(b, func(d *server.Deps) { d.Isolation = is.iso })
+			e := start(b, withIsolation(b, is.iso))
 			acq, err := e.client.AcquireSandbox(context.Background(), &sandboxv1.AcquireSandboxRequest{})
 			if err != nil {
 				b.Fatal(err)
@@ -133,7 +146,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 func BenchmarkCreateAndExec(b *testing.B) {
 	for _, is := range isolations {
 		b.Run("isolation="+is.name, func(b *testing.B) {
-			e := start(b, func(d *server.Deps) { d.Isolation = is.iso })
+			e := start(b, withIsolation(b, is.iso))
 			ctx := context.Background()
 			for b.Loop() {
 				acq, err := e.client.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{Cold: true})

@@ -10,7 +10,6 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
-	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
 )
 
 // streamWriter sends each write as one message; Send blocks when the
@@ -110,7 +109,7 @@ func (s *Server) Exec(stream sandboxv1.SandboxService_ExecServer) error {
 			case *sandboxv1.ExecRequest_CloseStdin:
 				stdinW.Close()
 			case *sandboxv1.ExecRequest_Signal:
-				if sig, err := local.ParseSignal(m.Signal); err == nil {
+				if sig, err := driver.ParseSignal(m.Signal); err == nil {
 					_ = proc.Signal(sig)
 				}
 			}

@@ -3,18 +3,25 @@ package server
 import (
 	"context"
 	"log/slog"
+
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 )
 
-// reapLeftovers removes the sandbox directories an earlier process left on
-// disk (it crashed, or was killed before its shutdown destroyed them) whose
+// reapLeftovers removes the sandboxes an earlier process left behind (on
+// disk, for the local driver) (it crashed, or was killed before its shutdown destroyed them) whose
 // lease is gone. One whose lease still lives stays until a later pass finds
 // the lease gone: its holder may still be about to hear NotFound and give
 // it up, and the lease's TTL (at most MaxTTL) bounds the wait. No destroy
 // hooks run: the processes are dead and no one can use the sandbox through
 // this service (it is not in its table), so there is nothing to checkpoint
 // through it.
+// Drivers whose sandboxes end with the process have no leftovers.
 func (s *Server) reapLeftovers(ctx context.Context) {
-	list, err := s.disk.Leftovers()
+	cleaner, ok := s.drv.(driver.LeftoverCleaner)
+	if !ok {
+		return
+	}
+	list, err := cleaner.Leftovers(ctx)
 	if err != nil {
 		s.log.WarnContext(ctx, "leftover sandboxes not listed", slog.Any("error", err))
 		return
@@ -27,18 +34,18 @@ func (s *Server) reapLeftovers(ctx context.Context) {
 				continue
 			}
 			if held {
-				s.log.DebugContext(ctx, "leftover sandbox kept while its lease lives", slog.String("sandbox", lo.ID), slog.String("dir", lo.Dir))
+				s.log.DebugContext(ctx, "leftover sandbox kept while its lease lives", slog.String("sandbox", lo.ID), slog.String("where", lo.Where))
 				continue
 			}
 		}
-		removed, err := s.disk.RemoveLeftover(lo)
+		removed, err := cleaner.RemoveLeftover(ctx, lo)
 		if err != nil {
-			s.log.WarnContext(ctx, "leftover sandbox not removed", slog.String("dir", lo.Dir), slog.Any("error", err))
+			s.log.WarnContext(ctx, "leftover sandbox not removed", slog.String("where", lo.Where), slog.Any("error", err))
 			continue
 		}
 		if removed {
 			s.log.InfoContext(ctx, "leftover sandbox removed", slog.String("sandbox", lo.ID),
-				slog.String("environment", lo.Environment), slog.String("dir", lo.Dir))
+				slog.String("environment", lo.Environment), slog.String("where", lo.Where))
 		}
 	}
 }

@@ -20,10 +20,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/destroyhook"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
-	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/environment"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/lease"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/pool"
@@ -32,16 +32,15 @@ import (
 // Deps are the server's dependencies.
 type Deps struct {
 	Redis *redis.Client
-	// Home is HANGAR_HOME: environments/ and sandboxes/ live there.
+	// Driver builds the sandboxes (app picks it from HANGAR_SANDBOX_DRIVER).
+	// The caller closes it after Close.
+	Driver driver.Driver
+	// Home is HANGAR_HOME: environments/ live there.
 	Home   string
 	Logger *slog.Logger
 	Now    func() time.Time
 	// KeyPrefix prefixes every Redis key; "hangar:sandbox:" when empty.
 	KeyPrefix string
-	// GatewayAddr ("host:port" or "unix:/path") stays reachable from
-	// egress-none sandboxes through a relay. Optional.
-	GatewayAddr string
-
 	// Optional knobs (zero means the default).
 
 	// DestroyHookTimeout bounds the wait for destroy acks (30s).
@@ -54,15 +53,6 @@ type Deps struct {
 	// WorkDir is where the built-in "local" environment looks for its git
 	// repository (the process's working directory when empty).
 	WorkDir string
-	// CopyFiles makes copies (copy_of) copy every file instead of sharing
-	// them by overlay.
-	CopyFiles bool
-	// Isolation of the sandboxes' processes (bubblewrap by default).
-	Isolation local.Isolation
-	// ReadOnlyPaths are host paths every sandbox sees read-only.
-	ReadOnlyPaths []string
-	// SearchPath goes before the system's on an isolated sandbox's PATH.
-	SearchPath []string
 }
 
 // Defaults.
@@ -87,7 +77,6 @@ type Server struct {
 	leases *lease.Manager
 	hooks  *destroyhook.Hub
 	drv    driver.Driver
-	disk   *local.Driver // the same driver: leftovers on disk
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -127,6 +116,9 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	if deps.Redis == nil {
 		return nil, errors.New("sandbox server: Redis is required")
 	}
+	if deps.Driver == nil {
+		return nil, errors.New("sandbox server: Driver is required")
+	}
 	if deps.Home == "" {
 		return nil, errors.New("sandbox server: Home is required")
 	}
@@ -146,15 +138,8 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	drv, err := local.New(local.Options{
-		Root: deps.Home, Gateway: local.ParseGateway(deps.GatewayAddr), Logger: deps.Logger, Now: deps.Now, CopyFiles: deps.CopyFiles,
-		Isolation: deps.Isolation, ReadOnlyPaths: deps.ReadOnlyPaths, SearchPath: deps.SearchPath,
-	})
-	if err != nil {
-		return nil, err
-	}
 	s := &Server{
-		deps: deps, log: deps.Logger, now: deps.Now, envs: envs, drv: drv, disk: drv,
+		deps: deps, log: deps.Logger, now: deps.Now, envs: envs, drv: deps.Driver,
 		leases:    lease.New(deps.Redis, deps.KeyPrefix, deps.Now),
 		hooks:     destroyhook.NewHub(deps.Now, deps.DestroyHookTimeout),
 		sandboxes: map[string]*entry{}, pools: map[string]*poolEntry{}, terminals: map[string]*termSession{},
@@ -174,8 +159,14 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	return s, nil
 }
 
-// Isolation names how sandboxes are isolated (local.Driver.Isolation).
-func (s *Server) Isolation() string { return s.disk.Isolation() }
+// Isolation names how sandboxes are isolated, for a driver that says
+// (local.Driver.Isolation); "" for one that does not.
+func (s *Server) Isolation() string {
+	if d, ok := s.drv.(interface{ Isolation() string }); ok {
+		return d.Isolation()
+	}
+	return ""
+}
 
 // Close stops the background loops and destroys every sandbox (running the
 // destroy hooks with reason shutdown).
@@ -207,9 +198,6 @@ func (s *Server) Close(ctx context.Context) error {
 	wg.Wait()
 	s.cancel()
 	s.wg.Wait()
-	if err := s.disk.Close(); err != nil {
-		return fmt.Errorf("release the sandboxes directory: %w", err)
-	}
 	return nil
 }
 
@@ -250,7 +238,7 @@ func (s *Server) syncPool(e *environment.Environment) {
 	cur := s.pools[name]
 	var old *pool.Pool
 	switch {
-	case e == nil || e.WarmPoolSize == 0 || e.Driver != "local":
+	case e == nil || e.WarmPoolSize == 0 || e.Driver != s.drv.Name():
 		if cur != nil {
 			old = cur.pool
 			delete(s.pools, name)
@@ -516,12 +504,29 @@ func (s *Server) ApplyEnvironment(ctx context.Context, req *sandboxv1.ApplyEnvir
 	if req.GetEnvironment() == nil {
 		return nil, fault.InvalidArgument("environment", "environment is required")
 	}
-	e, created, err := s.envs.Apply(ctx, envFromProto(req.GetEnvironment()))
+	want := envFromProto(req.GetEnvironment())
+	if err := want.Validate(); err != nil {
+		return nil, err
+	}
+	if err := s.checkDriver(&want); err != nil {
+		return nil, err
+	}
+	e, created, err := s.envs.Apply(ctx, want)
 	if err != nil {
 		return nil, err
 	}
 	s.syncPool(e)
 	return &sandboxv1.ApplyEnvironmentResponse{Environment: envToProto(e), Created: created}, nil
+}
+
+// checkDriver refuses an environment this service's driver does not run:
+// it would otherwise run on another driver than the one it names.
+func (s *Server) checkDriver(e *environment.Environment) error {
+	if e.Driver == s.drv.Name() {
+		return nil
+	}
+	return fault.FailedPrecondition("DRIVER_NOT_CONFIGURED",
+		"environment %q uses the %s driver, but this sandbox service runs the %s driver (HANGAR_SANDBOX_DRIVER)", e.Name, e.Driver, s.drv.Name())
 }
 
 // DeleteEnvironment removes an environment and its warm pool.
@@ -672,7 +677,10 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 	if err != nil {
 		return nil, err
 	}
-	if k := req.GetWorkKey(); k != "" && !local.ValidKey(k) {
+	if err := s.checkDriver(env); err != nil {
+		return nil, err
+	}
+	if k := req.GetWorkKey(); k != "" && !driver.ValidKey(k) {
 		return nil, fault.InvalidArgument("work_key", "work_key %q must be letters, digits, '.', '_' or '-' (at most 128)", k)
 	}
 	holder := req.GetHolder()
@@ -734,6 +742,14 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 		if err != nil {
 			return nil, createErr(env.Name, err)
 		}
+	}
+	// The control plane talks to a sandbox through its hangar-sandbox: one
+	// of another protocol version (an old image, a warm pod of an earlier
+	// release) would fail at its first checkpoint, so it fails here.
+	if v := sb.Info().ToolVersion; v != sandboxtool.Version {
+		s.destroyAsync(&entry{id: sb.Info().ID, env: env.Name, sb: sb, fromPool: fromPool}, destroyhook.ReasonFailed)
+		return nil, fault.FailedPrecondition("SANDBOX_TOOL_VERSION",
+			"the %s driver's sandboxes carry hangar-sandbox protocol version %d, this service needs %d (0: none; set HANGAR_SANDBOX_TOOL)", s.drv.Name(), v, sandboxtool.Version)
 	}
 	id := sb.Info().ID
 	e := &entry{id: id, env: env.Name, sb: sb, fromPool: fromPool, extraEnv: req.GetEnv(), state: sandboxv1.SandboxState_SANDBOX_STATE_LEASED}

@@ -18,8 +18,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/api/sandboxtool/tooltest"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/drivertest"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/pool"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/server"
 )
@@ -49,6 +51,14 @@ func start(t testing.TB, mod func(*server.Deps)) *env {
 	}
 	if mod != nil {
 		mod(&deps)
+	}
+	if deps.Driver == nil {
+		drv, err := local.New(local.Options{Root: deps.Home, Tool: tooltest.Path(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { drv.Close() }) // after the server's Close below
+		deps.Driver = drv
 	}
 	srv, err := server.New(context.Background(), deps)
 	if err != nil {
@@ -643,7 +653,16 @@ func TestCloseDestroysWithShutdown(t *testing.T) {
 // repository, AcquireSandbox clones it (not the environment's), and exec's
 // path_prepend puts directories before the sandbox's own PATH, which stays.
 func TestAdHocRepositoryAndPathPrepend(t *testing.T) {
-	e := start(t, nil)
+	// Unisolated: the prepended directory is one of the test's, which an
+	// isolated sandbox does not see (only the agent CLIs' are bound).
+	e := start(t, func(d *server.Deps) {
+		drv, err := local.New(local.Options{Root: d.Home, Tool: tooltest.Path(t), Isolation: local.IsolationNone})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { drv.Close() })
+		d.Driver = drv
+	})
 	ctx := context.Background()
 	other, otherCommit := drivertest.NewRepo(t, map[string]string{"OTHER.md": "other\n"})
 
@@ -699,7 +718,8 @@ func TestAdHocRepositoryAndPathPrepend(t *testing.T) {
 			break
 		}
 	}
-	if want := "found\n" + bin + ":" + os.Getenv("PATH") + "\n"; out.String() != want {
-		t.Errorf("exec with path_prepend printed %q, want %q", out.String(), want)
+	// The driver's tool directory (hangar-agent) comes before everything.
+	if want := bin + ":" + os.Getenv("PATH") + "\n"; !strings.HasPrefix(out.String(), "found\n") || !strings.HasSuffix(out.String(), ":"+want) {
+		t.Errorf("exec with path_prepend printed %q, want found and a PATH ending in %q", out.String(), want)
 	}
 }

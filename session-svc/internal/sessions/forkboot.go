@@ -1,7 +1,6 @@
 package sessions
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
@@ -141,11 +141,9 @@ func (m *Manager) prepareCopy(ctx context.Context, s, srcSession *store.Session,
 		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token)
 		return nil, err
 	}
-	verify := "verify"
-	if acq.GetSharedCopy() {
-		verify = "shared"
-	}
-	args := []string{"sh", "-c", forkCopyScript, "sh", b.sb.GetWorkDir(), srcSession.Branch, s.Branch, verify}
+	// The copy is checked byte for byte unless it shares the sibling's
+	// files (then it holds them by construction).
+	req := sandboxtool.CopyPrepareRequest{WorkDir: b.sb.GetWorkDir(), FromBranch: srcSession.Branch, ToBranch: s.Branch, Verify: !acq.GetSharedCopy()}
 	had, want := conversationTargets(src.sb, from), conversationTargets(b.sb, cp)
 	for i := range had {
 		moved, ok := movePath(had[i], src.sb, b.sb)
@@ -153,14 +151,14 @@ func (m *Manager) prepareCopy(ctx context.Context, s, srcSession *store.Session,
 			return fail(fmt.Errorf("%w: conversation path %s is outside the sandbox", errNoCopy, had[i]))
 		}
 		if moved != want[i] {
-			args = append(args, moved, want[i])
+			req.Moves = append(req.Moves, sandboxtool.Move{From: moved, To: want[i]})
 		}
 	}
-	var out bytes.Buffer
-	if err := m.run(ctx, b.sb.GetId(), b.token, args, &out); err != nil {
+	var resp sandboxtool.CopyPrepareResponse
+	if err := m.toolJSON(ctx, b.sb.GetId(), b.token, sandboxtool.CommandCopyPrepare, req, &resp); err != nil {
 		return fail(fmt.Errorf("move the copy to %s: %w", s.Name, err))
 	}
-	if got := strings.TrimSpace(out.String()); !acq.GetSharedCopy() && got != src.tree {
+	if got := resp.Tree; !acq.GetSharedCopy() && got != src.tree {
 		return fail(fmt.Errorf("copied work tree of %s: tree %s, want %s", s.Name, got, src.tree))
 	}
 	b.tree = src.tree
@@ -197,33 +195,3 @@ func movePath(p string, a, b *sandboxv1.Sandbox) (string, bool) {
 	}
 	return "", false
 }
-
-// forkCopyScript turns a copy of a sibling fork's sandbox into this fork's:
-// in work tree $1, rename the branch $2 (checked out) to $3, move each pair
-// of paths ($5 to $6, ...; one the restore did not make is skipped), then,
-// unless $4 is "shared" (the copy shares the sibling's files, so it holds
-// them by construction), print the work tree's hash the way the checkpoint
-// service does (a copy of the index with ` + "`add -A`" + `, write-tree): every file
-// is hashed again (a copy's stat data is not the index's), so the copy is
-// checked byte for byte. As few processes and files as can be: this runs
-// once per fork (no reflog: a restore leaves none for the branch).
-const forkCopyScript = `set -e
-cd "$1"
-git -c core.logAllRefUpdates=false branch -m "$2" "$3"
-verify="$4"
-shift 4
-while [ $# -ge 2 ]; do
-  if [ -e "$1" ]; then
-    [ ! -e "$2" ] || { echo "$2 exists" >&2; exit 1; }
-    [ -d "${2%/*}" ] || mkdir -p "${2%/*}"
-    mv "$1" "$2"
-  fi
-  shift 2
-done
-[ "$verify" != shared ] || exit 0
-tmp="$(git rev-parse --absolute-git-dir)/hangar-tree-index.$$"
-trap 'rm -f "$tmp"' EXIT
-cp -p "${tmp%/*}/index" "$tmp"
-GIT_INDEX_FILE="$tmp" git add -A
-GIT_INDEX_FILE="$tmp" git write-tree
-`

@@ -14,7 +14,7 @@ import (
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
-	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
@@ -407,14 +407,8 @@ func (m *Manager) Patch(ctx context.Context, name string) (patch, base, checkpoi
 		sb, err := m.sandboxOf(ctx, s)
 		if err == nil {
 			var out bytes.Buffer
-			script := `set -e
-idx=$(mktemp)
-trap 'rm -f "$idx"' EXIT
-cp .git/index "$idx" 2>/dev/null || true
-GIT_INDEX_FILE="$idx" git add -A
-GIT_INDEX_FILE="$idx" git diff --cached --binary "$1"`
-			code, err := sandboxexec.New(m.d.Sandboxes).Exec(ctx, sb.GetId(), s.FencingToken, []string{"sh", "-c", script, "sh", s.BaseCommit}, nil, "", nil, &out, io.Discard)
-			if err == nil && code == 0 {
+			err := m.tool(ctx, sb.GetId(), s.FencingToken, sandboxtool.CommandWorkDiff, sandboxtool.WorkDiffRequest{WorkDir: sb.GetWorkDir(), Against: s.BaseCommit}, &out)
+			if err == nil {
 				return out.String(), s.BaseCommit, "", nil
 			}
 		}
@@ -486,7 +480,7 @@ func (m *Manager) collectArtifacts(ctx context.Context, s *store.Session, sb *sa
 		m.appendStoreEvents(ctx, s.Name, []store.Event{{Turn: turn, Kind: "file_change", Path: rel, Text: "artifact " + rel}})
 	}
 	if len(files) > 0 {
-		return m.run(ctx, sb.GetId(), s.FencingToken, []string{"rm", "-rf", root}, nil)
+		return m.tool(ctx, sb.GetId(), s.FencingToken, sandboxtool.CommandRemove, sandboxtool.RemoveRequest{Path: root}, nil)
 	}
 	return nil
 }

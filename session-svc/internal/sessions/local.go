@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/platform/blob"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
@@ -127,26 +128,6 @@ func (m *Manager) forgetLocalWork(ctx context.Context, name string) {
 	}
 }
 
-// localWorkScript applies LocalWork on the session branch, in the work
-// tree: $1 holds bundle, diff and untracked.tar (each optional), $2 is the
-// branch, $3 the local base commit. The branch moves to the local HEAD
-// (the bundle's tip, or the base when nothing is unpushed); the diff goes
-// to the index and work tree (git apply --index: the CLI sends staged and
-// unstaged changes as one diff, so all of it ends up staged, new files
-// tracked); the untracked files are unpacked as they were.
-const localWorkScript = `set -e
-d="$1"; branch="$2"; base="$3"
-git cat-file -e "$base^{commit}" 2>/dev/null || { echo "base commit $base is not in the environment's repository" >&2; exit 3; }
-tip="$base"
-if [ -s "$d/bundle" ]; then
-  git fetch -q --no-tags "$d/bundle" >/dev/null 2>&1 || git fetch -q --no-tags "$d/bundle"
-  tip=$(git bundle list-heads "$d/bundle" | head -n 1 | cut -d' ' -f1)
-fi
-git checkout -q -B "$branch" "$tip"
-if [ -s "$d/diff" ]; then git apply --index --binary "$d/diff"; fi
-if [ -s "$d/untracked.tar" ]; then tar -x -f "$d/untracked.tar" --no-same-owner --no-overwrite-dir; fi
-rm -rf "$d"`
-
 // applyLocalWork applies the session's LocalWork, if it has one, in its
 // newly booted sandbox.
 func (m *Manager) applyLocalWork(ctx context.Context, s *store.Session, sb *sandboxv1.Sandbox, token uint64) error {
@@ -168,8 +149,9 @@ func (m *Manager) applyLocalWork(ctx context.Context, s *store.Session, sb *sand
 			return fmt.Errorf("place local %s of %s: %w", f.name, s.Name, err)
 		}
 	}
-	if err := m.run(ctx, sb.GetId(), token, []string{"sh", "-c", localWorkScript, "sh", dir, s.Branch, lw.BaseCommit}, nil); err != nil {
-		if strings.Contains(err.Error(), "exited 3") {
+	err = m.tool(ctx, sb.GetId(), token, sandboxtool.CommandFromLocal, sandboxtool.FromLocalRequest{WorkDir: sb.GetWorkDir(), Dir: dir, Branch: s.Branch, Base: lw.BaseCommit}, nil)
+	if err != nil {
+		if te, ok := errors.AsType[*toolError](err); ok && te.code == sandboxtool.ExitBaseMissing {
 			return fault.FailedPrecondition("LOCAL_BASE_MISSING", "your local work is based on commit %s, which the environment's repository does not have: push it, then start the session again", lw.BaseCommit)
 		}
 		return fault.FailedPrecondition("LOCAL_WORK_NOT_APPLIED", "your local work could not be applied in the sandbox: %s", lastLines(err.Error(), 2))
@@ -177,8 +159,3 @@ func (m *Manager) applyLocalWork(ctx context.Context, s *store.Session, sb *sand
 	m.appendStoreEvents(ctx, s.Name, []store.Event{{Kind: "file_change", Text: "applied the local checkout's work (--from-local)"}})
 	return nil
 }
-
-// gitIdentityScript gives the work tree a committer identity unless it has
-// one (a restored work tree has lost the one its first boot set).
-const gitIdentityScript = `git config user.name >/dev/null || git config user.name hangar
-git config user.email >/dev/null || git config user.email hangar@localhost`

@@ -1,10 +1,8 @@
 package sessions
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"path"
 	"strings"
 	"time"
@@ -14,7 +12,7 @@ import (
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
-	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
@@ -153,7 +151,7 @@ func (m *Manager) prepare(ctx context.Context, s *store.Session) (*booted, error
 		b.restored, b.tree = newest, resp.GetTreeHash()
 		// A checkpoint keeps no .git/config: without an identity again
 		// the agent could not commit after a resume.
-		if err := m.run(ctx, b.sb.GetId(), b.token, []string{"sh", "-c", gitIdentityScript}, nil); err != nil {
+		if err := m.tool(ctx, b.sb.GetId(), b.token, sandboxtool.CommandInitWork, sandboxtool.InitWorkRequest{WorkDir: b.sb.GetWorkDir()}, nil); err != nil {
 			return fail(fmt.Errorf("git identity of %s: %w", s.Name, err))
 		}
 	} else {
@@ -163,20 +161,12 @@ func (m *Manager) prepare(ctx context.Context, s *store.Session) (*booted, error
 		// The branch starts at the base pinned when the session was
 		// created, which a sandbox cloned earlier (warm pool) or later
 		// (the repository moved on) may not be at.
-		script := `git config user.name >/dev/null || git config user.name hangar
-git config user.email >/dev/null || git config user.email hangar@localhost
-base=${2:-HEAD}
-git cat-file -e "$base^{commit}" 2>/dev/null || git fetch -q origin "$base"
-git checkout -q -B "$1" "$base"`
-		if err := m.run(ctx, b.sb.GetId(), b.token, []string{"sh", "-c", script, "sh", s.Branch, b.base}, nil); err != nil {
+		if err := m.tool(ctx, b.sb.GetId(), b.token, sandboxtool.CommandInitWork, sandboxtool.InitWorkRequest{WorkDir: b.sb.GetWorkDir(), Branch: s.Branch, Base: b.base}, nil); err != nil {
 			return fail(fmt.Errorf("create branch %s: %w", s.Branch, err))
 		}
 		if err := m.applyLocalWork(ctx, s, b.sb, b.token); err != nil {
 			return fail(err)
 		}
-	}
-	if err := m.installAgentTool(ctx, b.sb, b.token); err != nil {
-		return fail(err)
 	}
 	return b, nil
 }
@@ -258,71 +248,8 @@ func (m *Manager) killProcesses(ctx context.Context, name, sandboxID string, tok
 // destroy hooks may checkpoint first).
 const releaseWait = 2 * time.Minute
 
-// run runs a command in the work tree and fails with its stderr when it
-// exits non-zero.
-func (m *Manager) run(ctx context.Context, sandboxID string, token uint64, argv []string, stdout *bytes.Buffer) error {
-	var stderr bytes.Buffer
-	var out io.Writer = io.Discard
-	if stdout != nil {
-		out = stdout
-	}
-	code, err := sandboxexec.New(m.d.Sandboxes).Exec(ctx, sandboxID, token, argv, nil, "", nil, out, &stderr)
-	if err != nil {
-		return err
-	}
-	if code != 0 {
-		return fmt.Errorf("%s exited %d: %s", argv[0], code, strings.TrimSpace(lastLines(stderr.String(), 5)))
-	}
-	return nil
-}
-
-// agentToolScript is hangar-agent, the agent's way to hand things back:
-// `ask` records a question (the turn ends needs_input), `artifact` hands a
-// file back. It writes under $HOME/.hangar-agent, which the session reads
-// when the turn ends: no network is needed, so it works with egress none.
-const agentToolScript = `#!/bin/sh
-# hangar-agent: hand things back to hangar from inside a sandbox.
-dir="$HOME/.hangar-agent"
-case "$1" in
-ask)
-	shift
-	[ $# -gt 0 ] || { echo "usage: hangar-agent ask QUESTION" >&2; exit 2; }
-	mkdir -p "$dir" && printf '%s' "$*" > "$dir/question" || exit 1
-	echo "hangar: your question is recorded. End your turn now; the answer comes as the next message."
-	;;
-artifact)
-	shift
-	[ $# -gt 0 ] || { echo "usage: hangar-agent artifact PATH..." >&2; exit 2; }
-	for f in "$@"; do
-		[ -f "$f" ] || { echo "hangar-agent: $f is not a file" >&2; exit 1; }
-		case "$f" in /*) rel=$(basename "$f") ;; *) rel="$f" ;; esac
-		mkdir -p "$dir/artifacts/$(dirname "$rel")" && cp -- "$f" "$dir/artifacts/$rel" || exit 1
-		echo "hangar: handed back $rel"
-	done
-	;;
-*)
-	echo "usage: hangar-agent ask QUESTION | hangar-agent artifact PATH..." >&2
-	exit 2
-	;;
-esac
-`
-
 // agentDir is where hangar-agent writes, under the sandbox's HOME.
 func agentDir(sb *sandboxv1.Sandbox) string { return path.Join(sb.GetHomeDir(), ".hangar-agent") }
-
-// agentBinDir holds hangar-agent; it goes first on the harness's PATH.
-func agentBinDir(sb *sandboxv1.Sandbox) string { return path.Join(sb.GetHomeDir(), ".hangar", "bin") }
-
-func (m *Manager) installAgentTool(ctx context.Context, sb *sandboxv1.Sandbox, token uint64) error {
-	_, err := m.d.Sandboxes.WriteFile(ctx, &sandboxv1.WriteFileRequest{
-		SandboxId: sb.GetId(), FencingToken: token,
-		Path: path.Join(agentBinDir(sb), "hangar-agent"), Content: []byte(agentToolScript), Mode: 0o755,
-	})
-	if err != nil {
-		return fmt.Errorf("install hangar-agent: %w", err)
-	}
-	return nil
-}
 
 // lastLines keeps the end of a command's stderr for an error message.
 func lastLines(s string, n int) string {

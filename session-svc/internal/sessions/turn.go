@@ -18,6 +18,7 @@ import (
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
@@ -443,8 +444,9 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 		env[k] = v
 	}
 	// The CLIs are found on the sandbox's own PATH (hangar up's, for the
-	// local driver), after hangar-agent and what the harness puts first.
-	pathPrepend := append([]string{agentBinDir(sb)}, inv.PathPrepend...)
+	// local driver), after what the harness puts first; the driver puts
+	// hangar-agent before all.
+	pathPrepend := inv.PathPrepend
 	command := strings.Join(inv.Argv, " ")
 	if _, err := m.d.Store.UpdateTurn(ctx, name, number, func(t *store.Turn) error {
 		t.Command = command
@@ -693,7 +695,7 @@ func (m *Manager) takeQuestion(ctx context.Context, sb *sandboxv1.Sandbox, token
 	if err != nil {
 		return nil, err
 	}
-	if err := m.run(ctx, sb.GetId(), token, []string{"rm", "-f", p}, nil); err != nil {
+	if err := m.tool(ctx, sb.GetId(), token, sandboxtool.CommandRemove, sandboxtool.RemoveRequest{Path: p}, nil); err != nil {
 		return nil, err
 	}
 	text := strings.TrimSpace(string(resp.GetContent()))

@@ -8,12 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	"google.golang.org/protobuf/proto"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
-	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
@@ -32,30 +31,6 @@ type Work struct {
 	// sandbox was down.
 	CheckpointID string
 }
-
-// workHeadScript prints the work tree's HEAD and current branch ("" when
-// detached).
-const workHeadScript = `git rev-parse HEAD && (git symbolic-ref --quiet --short HEAD || true)`
-
-// workBundleScript writes a bundle of the commits of $2 not reachable from
-// the base $1, or nothing when there are none.
-const workBundleScript = `set -e
-tmp=$(mktemp)
-trap 'rm -f "$tmp"' EXIT
-git cat-file -e "$1^{commit}" 2>/dev/null && excl="^$1" || excl=""
-[ -n "$(git rev-list -n 1 "$2" $excl)" ] || exit 0
-git bundle create -q "$tmp" "$2" $excl
-cat "$tmp"`
-
-// workDiffScript writes the uncommitted changes, untracked files that
-// .gitignore does not exclude included, as a binary diff against HEAD; the
-// real index is left alone.
-const workDiffScript = `set -e
-idx=$(mktemp)
-trap 'rm -f "$idx"' EXIT
-cp .git/index "$idx" 2>/dev/null || true
-GIT_INDEX_FILE="$idx" git add -A
-GIT_INDEX_FILE="$idx" git diff --cached --binary HEAD`
 
 // Work returns the session's work: from its sandbox when it is up and not
 // running a turn, else from its newest checkpoint. chain says whether the
@@ -90,39 +65,30 @@ func (m *Manager) workFromSandbox(ctx context.Context, s *store.Session) (*Work,
 	if err != nil {
 		return nil, err
 	}
-	exec := func(script string, args ...string) ([]byte, error) {
-		var out, stderr bytes.Buffer
-		argv := append([]string{"sh", "-c", script, "sh"}, args...)
-		code, err := sandboxexec.New(m.d.Sandboxes).Exec(ctx, sb.GetId(), s.FencingToken, argv, nil, "", nil, &out, &stderr)
-		if err != nil {
-			return nil, err
-		}
-		if code != 0 {
-			return nil, fmt.Errorf("exited %d: %s", code, strings.TrimSpace(lastLines(stderr.String(), 3)))
-		}
-		return out.Bytes(), nil
-	}
-	out, err := exec(workHeadScript)
-	if err != nil {
+	var hr sandboxtool.HeadResponse
+	if err := m.toolJSON(ctx, sb.GetId(), s.FencingToken, sandboxtool.CommandHead, sandboxtool.HeadRequest{WorkDir: sb.GetWorkDir()}, &hr); err != nil {
 		return nil, fmt.Errorf("head of %s: %w", s.Name, err)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	w := &Work{Branch: s.Branch, BaseCommit: s.BaseCommit, HeadCommit: strings.TrimSpace(lines[0])}
+	w := &Work{Branch: s.Branch, BaseCommit: s.BaseCommit, HeadCommit: hr.Head}
 	rev := "HEAD"
-	if len(lines) > 1 && strings.TrimSpace(lines[1]) != "" {
-		w.Branch = strings.TrimSpace(lines[1])
+	if hr.Branch != "" {
+		w.Branch = hr.Branch
 		rev = "refs/heads/" + w.Branch
 	}
-	bundle, err := exec(workBundleScript, s.BaseCommit, rev)
-	if err != nil {
+	var bundle bytes.Buffer
+	if err := m.tool(ctx, sb.GetId(), s.FencingToken, sandboxtool.CommandWorkBundle,
+		sandboxtool.WorkBundleRequest{WorkDir: sb.GetWorkDir(), Base: s.BaseCommit, Rev: rev}, &bundle); err != nil {
 		return nil, fmt.Errorf("bundle of %s: %w", s.Name, err)
 	}
-	if len(bundle) > 0 {
-		w.Bundles = [][]byte{bundle}
+	if bundle.Len() > 0 {
+		w.Bundles = [][]byte{bundle.Bytes()}
 	}
-	if w.Diff, err = exec(workDiffScript); err != nil {
+	var diff bytes.Buffer
+	if err := m.tool(ctx, sb.GetId(), s.FencingToken, sandboxtool.CommandWorkDiff,
+		sandboxtool.WorkDiffRequest{WorkDir: sb.GetWorkDir(), Against: "HEAD"}, &diff); err != nil {
 		return nil, fmt.Errorf("diff of %s: %w", s.Name, err)
 	}
+	w.Diff = diff.Bytes()
 	return w, nil
 }
 

@@ -83,6 +83,9 @@ type jail struct {
 	// system are the mounts every sandbox process gets: the system, masks,
 	// the read-only paths.
 	system []string
+	// tools are bound read-only after /tmp (they may lie under it, as in
+	// tests): the directory holding hangar-sandbox and hangar-agent.
+	tools []string
 }
 
 // newJail finds bwrap, works out the system mounts and checks that a
@@ -350,6 +353,9 @@ func (j *jail) args(m mountSet, dir string, newSession bool) []string {
 	for _, p := range m.writable {
 		args = append(args, "--bind", p, p)
 	}
+	for _, p := range j.tools {
+		args = append(args, "--ro-bind", p, p)
+	}
 	args = append(args, "--chdir", dir, "--info-fd", fmt.Sprint(infoFD))
 	if newSession {
 		args = append(args, "--new-session")
@@ -506,7 +512,7 @@ func InstallDirs(path string, programs ...string) []string {
 // tmpDir is the host directory bound at the sandbox's /tmp.
 func (sb *Sandbox) tmpDir() string {
 	name := sb.spec.ID
-	if !ValidKey(name) {
+	if !driver.ValidKey(name) {
 		sum := sha256.Sum256([]byte(name))
 		name = hex.EncodeToString(sum[:8])
 	}

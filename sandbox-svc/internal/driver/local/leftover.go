@@ -1,6 +1,7 @@
 package local
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 )
 
 // markerName is the file in a sandbox's directory (beside work/ and home/)
@@ -26,18 +29,6 @@ const lockName = ".lock"
 type marker struct {
 	ID          string `json:"id"`
 	Environment string `json:"environment"`
-}
-
-// Leftover is a sandbox directory no live sandbox of this driver owns: a
-// sandbox of an earlier process that ended without destroying it.
-type Leftover struct {
-	// Key names the directory (the work key, or the sandbox id).
-	Key string
-	// ID and Environment come from the directory's marker; empty when it
-	// has none (the process ended before writing it).
-	ID          string
-	Environment string
-	Dir         string
 }
 
 // lockDir takes the sandboxes directory for this process.
@@ -81,14 +72,14 @@ func readMarker(dir string) (marker, error) {
 
 // Leftovers lists the sandbox directories that no live sandbox of this
 // driver owns.
-func (d *Driver) Leftovers() ([]Leftover, error) {
+func (d *Driver) Leftovers(context.Context) ([]driver.Leftover, error) {
 	ents, err := os.ReadDir(d.dir)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
-	var out []Leftover
+	var out []driver.Leftover
 	for _, ent := range ents {
-		if !ent.IsDir() || !ValidKey(ent.Name()) {
+		if !ent.IsDir() || !driver.ValidKey(ent.Name()) {
 			continue
 		}
 		d.mu.Lock()
@@ -98,7 +89,7 @@ func (d *Driver) Leftovers() ([]Leftover, error) {
 			continue
 		}
 		dir := filepath.Join(d.dir, ent.Name())
-		lo := Leftover{Key: ent.Name(), Dir: dir}
+		lo := driver.Leftover{Key: ent.Name(), Where: dir}
 		// A missing or unreadable marker leaves the id empty: no lease can
 		// name such a directory.
 		if m, err := readMarker(dir); err == nil {
@@ -111,7 +102,7 @@ func (d *Driver) Leftovers() ([]Leftover, error) {
 
 // RemoveLeftover removes a leftover directory unless a live sandbox has
 // taken its key since it was listed (then it reports false).
-func (d *Driver) RemoveLeftover(lo Leftover) (bool, error) {
+func (d *Driver) RemoveLeftover(_ context.Context, lo driver.Leftover) (bool, error) {
 	// Claiming the key keeps a concurrent Create of the same work key out
 	// while the directory goes.
 	guard := &Sandbox{}
@@ -149,3 +140,5 @@ func (d *Driver) Close() error {
 	d.cgroups.close()
 	return f.Close()
 }
+
+var _ driver.LeftoverCleaner = (*Driver)(nil)

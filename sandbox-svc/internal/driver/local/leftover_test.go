@@ -64,11 +64,11 @@ func TestLeftovers(t *testing.T) {
 	}
 	defer live.Destroy(ctx)
 
-	got, err := d.Leftovers()
+	got, err := d.Leftovers(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	byKey := map[string]local.Leftover{}
+	byKey := map[string]driver.Leftover{}
 	for _, lo := range got {
 		byKey[lo.Key] = lo
 	}
@@ -76,15 +76,15 @@ func TestLeftovers(t *testing.T) {
 		t.Fatalf("leftovers = %+v, want sess-a (sb-old, web) and no-marker", got)
 	}
 	for _, lo := range got {
-		if ok, err := d.RemoveLeftover(lo); !ok || err != nil {
+		if ok, err := d.RemoveLeftover(context.Background(), lo); !ok || err != nil {
 			t.Fatalf("RemoveLeftover(%s) = %v, %v", lo.Key, ok, err)
 		}
-		if _, err := os.Stat(lo.Dir); !os.IsNotExist(err) {
-			t.Errorf("%s after RemoveLeftover: %v", lo.Dir, err)
+		if _, err := os.Stat(lo.Where); !os.IsNotExist(err) {
+			t.Errorf("%s after RemoveLeftover: %v", lo.Where, err)
 		}
 	}
 	// A key a live sandbox holds is never removed as a leftover.
-	if ok, _ := d.RemoveLeftover(local.Leftover{Key: "sb-new"}); ok {
+	if ok, _ := d.RemoveLeftover(context.Background(), driver.Leftover{Key: "sb-new"}); ok {
 		t.Error("RemoveLeftover removed a live sandbox")
 	}
 	if _, err := os.Stat(live.Info().WorkDir); err != nil {
@@ -135,20 +135,20 @@ func TestLeftoverCopies(t *testing.T) {
 	if len(layers()) != 1 {
 		t.Fatalf("layers after a restart: %v, want the one the leftovers mount", layers())
 	}
-	got, err := d.Leftovers()
+	got, err := d.Leftovers(context.Background())
 	if err != nil || len(got) != 2 {
 		t.Fatalf("leftovers = %+v, %v; want the source and its copy", got, err)
 	}
-	if ok, err := d.RemoveLeftover(got[0]); !ok || err != nil {
+	if ok, err := d.RemoveLeftover(context.Background(), got[0]); !ok || err != nil {
 		t.Fatalf("RemoveLeftover(%s) = %v, %v", got[0].Key, ok, err)
 	}
 	if len(layers()) != 1 {
 		t.Fatalf("layers with one leftover mounting it: %v", layers())
 	}
-	if b, err := os.ReadFile(filepath.Join(got[1].Dir, "work", "a")); err != nil || string(b) != "b" {
+	if b, err := os.ReadFile(filepath.Join(got[1].Where, "work", "a")); err != nil || string(b) != "b" {
 		t.Errorf("the other leftover's file: %q, %v", b, err)
 	}
-	if ok, err := d.RemoveLeftover(got[1]); !ok || err != nil {
+	if ok, err := d.RemoveLeftover(context.Background(), got[1]); !ok || err != nil {
 		t.Fatalf("RemoveLeftover(%s) = %v, %v", got[1].Key, ok, err)
 	}
 	if len(layers()) != 0 {
@@ -158,8 +158,8 @@ func TestLeftoverCopies(t *testing.T) {
 		t.Errorf("upper directories with no leftover: %v", uppers)
 	}
 	for _, lo := range got {
-		if _, err := os.Stat(lo.Dir); !os.IsNotExist(err) {
-			t.Errorf("%s after RemoveLeftover: %v", lo.Dir, err)
+		if _, err := os.Stat(lo.Where); !os.IsNotExist(err) {
+			t.Errorf("%s after RemoveLeftover: %v", lo.Where, err)
 		}
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -45,6 +44,10 @@ type Options struct {
 	// sandbox's PATH: where the agent CLIs named without a directory were
 	// found on this service's PATH (their directories are ReadOnlyPaths).
 	SearchPath []string
+	// Tool is the hangar-sandbox binary; New checks its protocol version
+	// and puts a copy first on every sandbox's PATH (tool.go). Sandboxes
+	// have none when it is empty (tests of the driver alone).
+	Tool string
 }
 
 // Driver is the local driver.
@@ -61,6 +64,8 @@ type Driver struct {
 	jailErr   error               // why jail is nil under IsolationBwrap
 	starting  sync.WaitGroup      // holders starting in the background (Close waits)
 	lock      *os.File            // flock on the sandboxes directory; nil after Close
+	toolDir   string              // holds hangar-sandbox; "" without one
+	toolProto int                 // the protocol version it speaks
 }
 
 // New returns a local driver keeping its sandboxes under opts.Root. It takes
@@ -85,6 +90,12 @@ func New(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("local driver: %w", err)
 	}
 	d := &Driver{opts: opts, dir: dir, keys: map[string]*Sandbox{}, layers: map[string]*layer{}, lock: lock, cgroups: newCgroupTree(dir)}
+	if opts.Tool != "" {
+		if d.toolDir, d.toolProto, err = installTool(opts.Tool, dir); err != nil {
+			lock.Close()
+			return nil, fmt.Errorf("local driver: %w", err)
+		}
+	}
 	if err := d.sweepLayers(); err != nil {
 		opts.Logger.Warn("unused sandbox layers not removed", "error", err)
 	}
@@ -96,6 +107,11 @@ func New(opts Options) (*Driver, error) {
 	case IsolationBwrap:
 		closeInheritedOnExec()
 		d.jail, d.jailErr = newJail(opts.Root, opts.ReadOnlyPaths)
+		if d.jail != nil && d.toolDir != "" {
+			// hangar-sandbox and hangar-agent, read-only: the one part
+			// of the sandboxes directory a sandbox sees.
+			d.jail.tools = []string{d.toolDir}
+		}
 		if d.jailErr != nil {
 			opts.Logger.Error("sandboxes cannot be isolated: none will be created (HANGAR_SANDBOX_ISOLATION=none runs them without isolation)", "error", d.jailErr)
 		}
@@ -124,13 +140,8 @@ func (d *Driver) Name() string { return "local" }
 // Dir returns the directory holding the sandboxes.
 func (d *Driver) Dir() string { return d.dir }
 
-var keyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-
-// ValidKey reports whether key can name a sandbox directory.
-func ValidKey(key string) bool { return keyPattern.MatchString(key) && !strings.Contains(key, "..") }
-
 func (d *Driver) claimKey(key string, sb *Sandbox) error {
-	if !ValidKey(key) {
+	if !driver.ValidKey(key) {
 		return fmt.Errorf("invalid work key %q", key)
 	}
 	d.mu.Lock()

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/creack/pty"
-	"golang.org/x/sys/unix"
 
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 )
@@ -99,6 +98,7 @@ func (sb *Sandbox) Info() driver.Info {
 	return driver.Info{
 		ID: sb.spec.ID, WorkKey: sb.key, WorkDir: sb.workDir(), HomeDir: sb.homeDir(),
 		BaseCommit: sb.baseCommit, Egress: sb.spec.Egress, CreatedAt: sb.createdAt, Layered: layered,
+		ToolVersion: sb.d.toolProto,
 	}
 }
 
@@ -147,6 +147,9 @@ func (sb *Sandbox) env(extra map[string]string, pathPrepend ...string) []string 
 	}
 	if len(pathPrepend) > 0 {
 		m["PATH"] = strings.Join(append(slices.Clone(pathPrepend), m["PATH"]), string(filepath.ListSeparator))
+	}
+	if sb.d.toolDir != "" {
+		m["PATH"] = sb.d.toolDir + string(os.PathListSeparator) + m["PATH"]
 	}
 	out := make([]string, 0, len(m))
 	for k, v := range m {
@@ -441,37 +444,16 @@ func exitStatus(ps *os.ProcessState, waitErr error, jailed bool) (driver.ExitSta
 	}
 	ws, _ := ps.Sys().(syscall.WaitStatus)
 	if ws.Signaled() {
-		return driver.ExitStatus{Code: 128 + int(ws.Signal()), Signal: SignalName(ws.Signal())}, nil
+		return driver.ExitStatus{Code: 128 + int(ws.Signal()), Signal: driver.SignalName(ws.Signal())}, nil
 	}
 	if code := ps.ExitCode(); jailed && code > 128 && code < 128+65 {
-		if name := SignalName(syscall.Signal(code - 128)); name != "" {
+		if name := driver.SignalName(syscall.Signal(code - 128)); name != "" {
 			return driver.ExitStatus{Code: code, Signal: name}, nil
 		}
 	}
 	// An ExitError or ErrWaitDelay after the process exited is not a
 	// failure of the exec itself.
 	return driver.ExitStatus{Code: ps.ExitCode()}, nil
-}
-
-// SignalName returns "KILL" for SIGKILL.
-func SignalName(s syscall.Signal) string {
-	return strings.TrimPrefix(unix.SignalName(s), "SIG")
-}
-
-// ParseSignal accepts "TERM", "SIGTERM" or a number.
-func ParseSignal(name string) (syscall.Signal, error) {
-	n := strings.ToUpper(strings.TrimSpace(name))
-	if !strings.HasPrefix(n, "SIG") {
-		n = "SIG" + n
-	}
-	if s := unix.SignalNum(n); s != 0 {
-		return s, nil
-	}
-	var num int
-	if _, err := fmt.Sscanf(name, "%d", &num); err == nil && num > 0 && num < 65 {
-		return syscall.Signal(num), nil
-	}
-	return 0, fmt.Errorf("unknown signal %q", name)
 }
 
 // Terminal starts a process on a new pty in its own session.

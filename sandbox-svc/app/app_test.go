@@ -1,0 +1,33 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A driver name the build does not know is refused by name, never run as
+// another driver.
+func TestNewDriverRefusesUnknown(t *testing.T) {
+	_, err := newDriver(context.Background(), Config{Driver: "kubernetes"}, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), `HANGAR_SANDBOX_DRIVER="kubernetes"`) {
+		t.Fatalf("newDriver(kubernetes) = %v, want a refusal naming the setting", err)
+	}
+	// Without HANGAR_SANDBOX_TOOL (and none beside the test binary) the
+	// tool is built from this source tree into HANGAR_HOME/bin.
+	cfg := Config{Driver: "local"}
+	cfg.Home = t.TempDir()
+	d, err := newDriver(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil || d.Name() != "local" {
+		t.Fatalf("newDriver(local) = %v, %v", d, err)
+	}
+	if err := closeDriver(d); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(filepath.Join(cfg.Home, "bin", "hangar-sandbox")); err != nil || st.Mode()&0o111 == 0 {
+		t.Errorf("built tool: %v, %v", st, err)
+	}
+}
