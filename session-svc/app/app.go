@@ -125,10 +125,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		},
 		Claims: sessions.NewClaims(redis.Client, "hangar:session:claims:"),
 	})
-	jobs := sessions.NewJobs(a.manager)
-	if err := jobs.FailInterrupted(ctx); err != nil {
-		return nil, err
-	}
+	jobs := sessions.NewJobs(a.manager, sessions.NewJobClaims(redis.Client, "hangar:session:jobs:"))
 	sessionsServer := server.New(a.manager, records, holdStore)
 	a.svc, err = service.New(ctx, service.Options{
 		Name:   Name,

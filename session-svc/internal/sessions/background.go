@@ -34,6 +34,7 @@ func (m *Manager) Run(ctx context.Context, tick <-chan time.Time) error {
 		tick = ticker.C
 	}
 	m.recoverAtStart(ctx)
+	m.adoptJobs(ctx)
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
@@ -92,6 +93,17 @@ func (m *Manager) Sweep(ctx context.Context) {
 			continue
 		}
 		m.periodicCheckpoint(ctx, s, now)
+	}
+	m.adoptJobs(ctx)
+}
+
+// adoptJobs picks up the unfinished jobs no runner holds.
+func (m *Manager) adoptJobs(ctx context.Context) {
+	m.mu.Lock()
+	js := m.jobs
+	m.mu.Unlock()
+	if js != nil {
+		js.Adopt(ctx)
 	}
 }
 

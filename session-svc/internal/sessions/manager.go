@@ -86,6 +86,10 @@ type Manager struct {
 	// sandboxes caches the paths of sandboxes this process acquired.
 	sandboxes map[string]*sandboxv1.Sandbox
 
+	// jobs is the job runner over this Manager, if any: it picks
+	// unfinished jobs up after recovery at start and in every sweep.
+	jobs *Jobs
+
 	// draining is set by Drain: new work is refused.
 	draining atomic.Bool
 

@@ -207,6 +207,7 @@ func (m *Manager) endOrphanedTurns(ctx context.Context, name string) error {
 		if err != nil {
 			return fmt.Errorf("end turn %d: %w", t.Number, err)
 		}
+		m.events.publish(name)
 		m.appendStoreEvents(ctx, name, []store.Event{{Turn: t.Number, Kind: store.EventError, Text: "turn " + fmt.Sprint(t.Number) + " interrupted: " + reasonTurnOrphaned}})
 	}
 	return nil

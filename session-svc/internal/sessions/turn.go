@@ -437,7 +437,7 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	case errors.Is(context.Cause(ctx), errInterrupted):
 		res.outcome, res.reason = "interrupted", "interrupted"
 	case errors.Is(context.Cause(ctx), errShutdown):
-		res.outcome, res.reason = "interrupted", "hangar shut down during the turn: the work so far is checkpointed; send again to continue"
+		res.outcome, res.reason = "interrupted", reasonTurnShutdown
 	case errors.Is(execCtx.Err(), context.DeadlineExceeded):
 		res.outcome, res.reason = "failed", limitReason
 		if turn.Budget.MaxMinutes > 0 {
