@@ -86,6 +86,10 @@ type Manager struct {
 	// sandboxes caches the paths of sandboxes this process acquired.
 	sandboxes map[string]*sandboxv1.Sandbox
 
+	// startedAt is when this Manager was made: a session that changed
+	// state since was changed by this process.
+	startedAt time.Time
+
 	// jobs is the job runner over this Manager, if any: it picks
 	// unfinished jobs up after recovery at start and in every sweep.
 	jobs *Jobs
@@ -141,6 +145,7 @@ func New(d Deps) *Manager {
 		leases:     map[string]*leaseKeeper{},
 		sandboxes:  map[string]*sandboxv1.Sandbox{},
 		background: ctx, stop: stop,
+		startedAt: d.Now(),
 	}
 }
 

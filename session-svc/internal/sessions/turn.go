@@ -458,6 +458,12 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	default:
 		res.outcome = "completed"
 	}
+	if forkFrom != "" && res.outcome == "interrupted" {
+		// A CLI stopped in the middle of forking a conversation has not
+		// written the fork yet (Claude Code writes it at the end): the
+		// next turn forks the parent's conversation again.
+		res.conversationID = ""
+	}
 	if err := m.collectArtifacts(context.WithoutCancel(ctx), s, sb, number); err != nil {
 		res.warnings = append(res.warnings, "artifacts could not be collected")
 		m.log.WarnContext(ctx, "artifacts not collected", "session", name, "turn", number, "error", err)
