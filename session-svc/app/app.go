@@ -21,6 +21,7 @@ import (
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/api/sandboxexec"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/api/openapi"
 	"github.com/hangar-dev/hangar/platform/blob"
@@ -78,15 +79,17 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 	if err != nil {
 		return nil, fmt.Errorf("HANGAR_HOME=%s: cannot use the artifact directory: %w", cfg.Home, err)
 	}
-	dial := func(addr, variable string) (*grpc.ClientConn, error) {
-		conn, err := rpc.Dial(addr, rpc.ClientOptions{Token: cfg.Token, DefaultTimeout: callTimeout})
+	dial := func(addr, variable string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+		conn, err := rpc.Dial(addr, rpc.ClientOptions{Token: cfg.Token, DefaultTimeout: callTimeout}, extra...)
 		if err != nil {
 			return nil, fmt.Errorf("%s=%s: %w", variable, addr, err)
 		}
 		a.closers = append(a.closers, conn.Close)
 		return conn, nil
 	}
-	sandboxConn, err := dial(cfg.SandboxAddr, "HANGAR_SANDBOX_ADDR")
+	// Turns, checks and the files they place are this service's own work,
+	// not a use that keeps a session open (sandboxexec.ServiceCallKey).
+	sandboxConn, err := dial(cfg.SandboxAddr, "HANGAR_SANDBOX_ADDR", sandboxexec.ServiceCallDialOptions()...)
 	if err != nil {
 		return nil, err
 	}

@@ -104,6 +104,8 @@ type entry struct {
 	state   sandboxv1.SandboxState
 	lease   lease.Lease
 	destroy chan struct{} // closed when destruction finished
+	// uses are the callers using it now (uses.go).
+	uses useSet
 }
 
 type poolEntry struct {
@@ -564,6 +566,7 @@ func (e *entry) proto() *sandboxv1.Sandbox {
 	if e.lease.Token != 0 && e.state == sandboxv1.SandboxState_SANDBOX_STATE_LEASED {
 		p.Lease = leaseToProto(e.lease, e.id)
 	}
+	e.uses.fill(p)
 	return p
 }
 

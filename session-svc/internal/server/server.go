@@ -181,9 +181,9 @@ func (s *Sessions) session(ctx context.Context, sess *store.Session, detail bool
 		}
 		out.Checkpoints = append(out.Checkpoints, sc)
 	}
-	live, err := s.holds.List(ctx, sess.Name)
+	live, err := s.m.Holds(ctx, sess)
 	if err != nil {
-		return nil, fmt.Errorf("holds of %s: %w", sess.Name, err)
+		return nil, err
 	}
 	for _, h := range live {
 		out.Holds = append(out.Holds, holdProto(h))
