@@ -315,14 +315,14 @@ func (s *Server) use(ctx context.Context, id string, token uint64) (*entry, erro
 		return nil, fault.FailedPrecondition("SANDBOX_NOT_LEASED", "sandbox %q is %s, not leased", id, stateName(state))
 	}
 	if token == 0 {
-		if _, ok, err := s.leases.Get(ctx, leaseResource(id)); err != nil {
+		if ok, err := s.leaseHeld(ctx, e); err != nil {
 			return nil, err
 		} else if !ok {
 			return nil, fault.FailedPrecondition(lease.ReasonExpired, "the lease on sandbox %q has expired", id)
 		}
 		return e, nil
 	}
-	if _, err := s.leases.Check(ctx, leaseResource(id), token); err != nil {
+	if _, err := s.checkLease(ctx, e, token); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -429,7 +429,7 @@ func (s *Server) reap(ctx context.Context) {
 		e.mu.Lock()
 		tok := e.lease.Token
 		e.mu.Unlock()
-		if _, err := s.leases.Check(ctx, leaseResource(e.id), tok); fault.Is(err, fault.KindFailedPrecondition) {
+		if _, err := s.checkLease(ctx, e, tok); fault.Is(err, fault.KindFailedPrecondition) {
 			s.log.Info("sandbox lease expired", slog.String("sandbox", e.id))
 			s.destroy(ctx, e, destroyhook.ReasonLeaseExpired)
 		}
@@ -741,7 +741,7 @@ func (s *Server) RenewLease(ctx context.Context, req *sandboxv1.RenewLeaseReques
 	if err != nil {
 		return nil, err
 	}
-	l, err := s.leases.Renew(ctx, leaseResource(e.id), req.GetFencingToken(), ttl)
+	l, err := s.renewLease(ctx, e, req.GetFencingToken(), ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -763,7 +763,7 @@ func (s *Server) ReleaseSandbox(ctx context.Context, req *sandboxv1.ReleaseSandb
 	if req.GetFencingToken() == 0 {
 		return nil, fault.InvalidArgument("fencing_token", "fencing_token is required")
 	}
-	if _, err := s.leases.Check(ctx, leaseResource(e.id), req.GetFencingToken()); err != nil {
+	if _, err := s.checkLease(ctx, e, req.GetFencingToken()); err != nil {
 		return nil, err
 	}
 	// The lease stays until the hooks ran, so subscribers can still use the

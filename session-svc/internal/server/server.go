@@ -181,11 +181,7 @@ func (s *Sessions) session(ctx context.Context, sess *store.Session, detail bool
 		}
 		out.Checkpoints = append(out.Checkpoints, sc)
 	}
-	live, err := s.m.Holds(ctx, sess)
-	if err != nil {
-		return nil, err
-	}
-	for _, h := range live {
+	for _, h := range s.m.Holds(ctx, sess) {
 		out.Holds = append(out.Holds, holdProto(h))
 	}
 	if at, err := s.m.SuspendAt(ctx, sess); err == nil && !at.IsZero() {

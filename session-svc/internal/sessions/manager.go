@@ -287,11 +287,12 @@ func (m *Manager) sandboxUses(ctx context.Context, s *store.Session) ([]*sandbox
 
 // Holds are what holds s open now: its holds, and the calls using its
 // sandbox straight on the sandbox API (owner sandbox/<kind>, no expiry:
-// they last as long as the call).
-func (m *Manager) Holds(ctx context.Context, s *store.Session) ([]holds.Hold, error) {
+// they last as long as the call). What can't be read (Redis down) is
+// logged and left out: a session's record is still shown.
+func (m *Manager) Holds(ctx context.Context, s *store.Session) []holds.Hold {
 	live, err := m.d.Holds.List(ctx, s.Name)
 	if err != nil {
-		return nil, fmt.Errorf("holds of %s: %w", s.Name, err)
+		m.log.WarnContext(ctx, "holds unreadable", "session", s.Name, "error", err)
 	}
 	uses, _, err := m.sandboxUses(ctx, s)
 	if err != nil {
@@ -307,5 +308,5 @@ func (m *Manager) Holds(ctx context.Context, s *store.Session) ([]holds.Hold, er
 			Description: u.GetDescription(), AcquiredAt: u.GetStartedAt().AsTime(),
 		})
 	}
-	return live, nil
+	return live
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
+	"github.com/hangar-dev/hangar/session-svc/internal/holds"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
@@ -240,7 +241,7 @@ func (m *Manager) runTurn(ctx context.Context, name string, number int, in TurnI
 	if err != nil {
 		log.WarnContext(ctx, "turn hold not taken", "error", err)
 	} else {
-		stopHold := m.renewHold(ctx, name, hold.ID)
+		stopHold := m.renewHold(ctx, hold)
 		defer stopHold()
 	}
 
@@ -252,10 +253,12 @@ func (m *Manager) runTurn(ctx context.Context, name string, number int, in TurnI
 }
 
 // renewHold keeps a hold alive until the returned function is called, which
-// also releases it.
-func (m *Manager) renewHold(ctx context.Context, name, id string) func() {
+// also releases it. A hold that vanished before its expiry (a Redis
+// restarted empty) is taken again.
+func (m *Manager) renewHold(ctx context.Context, hold holds.Hold) func() {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	name, id := hold.Session, hold.ID
 	go func() {
 		defer close(done)
 		defer logging.Recover(ctx, m.log, "hold renewal")
@@ -266,9 +269,17 @@ func (m *Manager) renewHold(ctx context.Context, name, id string) func() {
 			case <-ctx.Done():
 				return
 			case <-ticker.C:
-				if _, err := m.d.Holds.Renew(ctx, name, id, m.cfg.LeaseTTL); err != nil && ctx.Err() == nil {
-					m.log.WarnContext(ctx, "hold renewal failed", "session", name, "hold", id, "error", err)
+			}
+			_, err := m.d.Holds.Renew(ctx, name, id, m.cfg.LeaseTTL)
+			if errors.Is(err, holds.ErrNotFound) {
+				var again holds.Hold
+				if again, err = m.d.Holds.Acquire(ctx, name, hold.Owner, hold.Kind, hold.Description, m.cfg.LeaseTTL); err == nil {
+					m.log.WarnContext(ctx, "hold taken again: it had vanished", "session", name, "kind", hold.Kind)
+					id = again.ID
 				}
+			}
+			if err != nil && ctx.Err() == nil {
+				m.log.WarnContext(ctx, "hold renewal failed", "session", name, "hold", id, "error", err)
 			}
 		}
 	}()

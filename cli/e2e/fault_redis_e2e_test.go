@@ -1,0 +1,175 @@
+package e2e_test
+
+// Redis and PostgreSQL faults: hangar with an external redis-server (and
+// an external PostgreSQL cluster) that the test restarts in the middle of
+// a turn, a lease and a hold. A Redis restarted empty is the hard case (a
+// deployment without persistence, or one whose data was lost); each test
+// restarts it empty.
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
+	"github.com/hangar-dev/hangar/gateway-svc/scripted"
+)
+
+// privateRedis is a redis-server of the test's own on a free port, without
+// persistence: a restart empties it.
+type privateRedis struct {
+	bin, port, dir string
+	cmd            *exec.Cmd
+	exited         chan struct{}
+}
+
+func startPrivateRedis(t *testing.T) *privateRedis {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server is not installed (apt-get install redis-server)")
+	}
+	_, port, _ := net.SplitHostPort(freeAddr(t))
+	r := &privateRedis{bin: bin, port: port, dir: t.TempDir()}
+	r.start(t)
+	t.Cleanup(func() { r.stop() })
+	return r
+}
+
+func (r *privateRedis) url() string { return "redis://127.0.0.1:" + r.port + "/0" }
+
+func (r *privateRedis) start(t *testing.T) {
+	t.Helper()
+	r.cmd = exec.Command(r.bin, "--port", r.port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", r.dir)
+	log, err := os.OpenFile(filepath.Join(r.dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cmd.Stdout, r.cmd.Stderr = log, log
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.exited = make(chan struct{})
+	go func(cmd *exec.Cmd, exited chan struct{}) {
+		_ = cmd.Wait()
+		_ = log.Close()
+		close(exited)
+	}(r.cmd, r.exited)
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + r.port})
+	defer client.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for client.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on port %s did not answer", r.port)
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+}
+
+// stop kills it (a crash: nothing is saved).
+func (r *privateRedis) stop() {
+	if r.cmd == nil {
+		return
+	}
+	_ = r.cmd.Process.Kill()
+	<-r.exited
+	r.cmd = nil
+}
+
+// restart kills it and starts it again, empty, on the same port.
+func (r *privateRedis) restart(t *testing.T) {
+	t.Helper()
+	r.stop()
+	r.start(t)
+}
+
+// redisFaultStart is hangar on r with the scripted upstream: "long task"
+// waits in its tool call until release.flag exists.
+func redisFaultStart(t *testing.T, r *privateRedis, vars map[string]string) *stack {
+	t.Helper()
+	script := scripted.Script{
+		Rules: append([]scripted.Rule{
+			{Name: "done", LastIsToolResult: scripted.Bool(true), Answer: scripted.Answer{Text: "Finished."}},
+		}, append(shellRules("long task", controlWaitCmd), shellRules("quick task", "echo quick")...)...),
+		Default: &scripted.Answer{Text: "OK."},
+	}
+	all := map[string]string{"HANGAR_REDIS_URL": r.url()}
+	for k, v := range vars {
+		all[k] = v
+	}
+	s := startStack(t, stackOptions{script: &script, vars: all})
+	s.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
+	return s
+}
+
+// TestRedisRestartMidTurn: Redis restarted empty while turns wait in their
+// tool call, N times: every turn completes (the agent's next model call
+// goes through), with the usage of all its model calls, and get answers
+// throughout.
+func TestRedisRestartMidTurn(t *testing.T) {
+	rounds := 3
+	if v := os.Getenv("HANGAR_FAULT_REDIS_ROUNDS"); v != "" {
+		fmt.Sscan(v, &rounds)
+	}
+	r := startPrivateRedis(t)
+	s := redisFaultStart(t, r, nil)
+	ctx := context.Background()
+	// The same turn without a fault: the usage every faulted turn must
+	// report (a Redis that lost the run's counters reports less).
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
+		Name: "redis-baseline", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Do the long task.",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.mustExec(t, controlWaitRunning(t, s, "redis-baseline"), "touch release.flag")
+	baseline := s.waitTurn(t, "redis-baseline", 1).GetUsage()
+	if baseline.GetModelCalls() < 2 || baseline.GetInputTokens() == 0 {
+		t.Fatalf("baseline turn's usage %v: want at least 2 model calls", baseline)
+	}
+	completed, usageKept := 0, 0
+	for i := 1; i <= rounds; i++ {
+		name := fmt.Sprintf("redis-turn-%d", i)
+		if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
+			Name: name, Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Do the long task.",
+		}); err != nil {
+			t.Fatalf("round %d: new: %v", i, err)
+		}
+		sandbox := controlWaitRunning(t, s, name)
+		r.restart(t)
+		if _, err := s.sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: name}); err != nil {
+			t.Errorf("round %d: get right after Redis restarted: %v", i, err)
+		}
+		s.mustExec(t, sandbox, "touch release.flag")
+		turn := s.waitTurn(t, name, 1)
+		if turn.GetOutcome() == sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+			completed++
+		} else {
+			t.Errorf("round %d: turn %v (%s)", i, turn.GetOutcome(), turn.GetOutcomeReason())
+		}
+		u := turn.GetUsage()
+		// Input tokens differ by the length of the session's name in
+		// the prompt; a lost count is about half.
+		near := math.Abs(float64(u.GetInputTokens()-baseline.GetInputTokens())) < 0.01*float64(baseline.GetInputTokens())
+		if u.GetModelCalls() == baseline.GetModelCalls() && near && u.GetOutputTokens() == baseline.GetOutputTokens() {
+			usageKept++
+		} else {
+			t.Errorf("round %d: usage %v, want the baseline's %v", i, u, baseline)
+		}
+		// The gateway's own record agrees (it was put back after the
+		// restart, counters and all).
+		if run, err := s.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: turn.GetRunId()}); err != nil || run.GetRun().GetUsage().GetModelCalls() != baseline.GetModelCalls() {
+			t.Errorf("round %d: gateway run %s: %v, %v", i, turn.GetRunId(), run.GetRun().GetUsage(), err)
+		}
+	}
+	t.Logf("Redis restarted empty %d times mid-turn: %d/%d turns completed, %d/%d kept their usage", rounds, completed, rounds, usageKept, rounds)
+}
