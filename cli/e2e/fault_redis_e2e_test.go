@@ -173,3 +173,38 @@ func TestRedisRestartMidTurn(t *testing.T) {
 	}
 	t.Logf("Redis restarted empty %d times mid-turn: %d/%d turns completed, %d/%d kept their usage", rounds, completed, rounds, usageKept, rounds)
 }
+
+// TestRedisDownMidTurn: Redis unreachable for a few seconds while a turn
+// runs (the agent's tool call ends and its next model call comes during
+// the outage): get and list answer, the sandbox stays usable, and the turn
+// completes with all its usage once Redis is back.
+func TestRedisDownMidTurn(t *testing.T) {
+	r := startPrivateRedis(t)
+	s := redisFaultStart(t, r, nil)
+	ctx := context.Background()
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
+		Name: "redis-down", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Do the long task.",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sandbox := controlWaitRunning(t, s, "redis-down")
+	r.stop()
+	if got, err := s.sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: "redis-down"}); err != nil || got.GetSession().GetState() != sessionv1.SessionState_SESSION_STATE_RUNNING {
+		t.Errorf("get while Redis is down: %v, %v", got.GetSession().GetState(), err)
+	}
+	if _, err := s.sessions.ListSessions(ctx, &sessionv1.ListSessionsRequest{}); err != nil {
+		t.Errorf("list while Redis is down: %v", err)
+	}
+	s.mustExec(t, sandbox, "touch release.flag")
+	// The outage's length (the fault itself, not a wait for something):
+	// the agent's next model call meets it and retries.
+	<-time.After(3 * time.Second)
+	r.start(t)
+	turn := s.waitTurn(t, "redis-down", 1)
+	if turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED || turn.GetUsage().GetModelCalls() < 2 {
+		t.Fatalf("turn after a Redis outage: %v (%s), usage %v", turn.GetOutcome(), turn.GetOutcomeReason(), turn.GetUsage())
+	}
+	if got := s.get(t, "redis-down"); got.GetState() != sessionv1.SessionState_SESSION_STATE_IDLE || got.GetSandboxId() != sandbox {
+		t.Errorf("session after the outage: %v (%s) on %q, want idle on %s", got.GetState(), got.GetStateReason(), got.GetSandboxId(), sandbox)
+	}
+}

@@ -49,20 +49,54 @@ func (s *Server) restoreLost(ctx context.Context, e *entry, token uint64, err er
 	return true
 }
 
+// whileDown is the record's lease when the lease store can't be reached
+// (err is Unavailable) and the record says token holds e in its term: a
+// Redis blip does not stop the sandboxes this process serves. The record
+// is this process's own (see above), so nothing can have taken the lease
+// meanwhile; once Redis answers, a lease it lost is put back.
+func (s *Server) whileDown(e *entry, token uint64, err error) (lease.Lease, bool) {
+	if !fault.Is(err, fault.KindUnavailable) {
+		return lease.Lease{}, false
+	}
+	e.mu.Lock()
+	l, state := e.lease, e.state
+	e.mu.Unlock()
+	if state != sandboxv1.SandboxState_SANDBOX_STATE_LEASED || l.Token == 0 || (token != 0 && token != l.Token) || !s.now().Before(l.ExpiresAt) {
+		return lease.Lease{}, false
+	}
+	s.log.Info("lease store unavailable: the sandbox's own lease record is used", slog.String("sandbox", e.id))
+	return l, true
+}
+
 // checkLease is leases.Check for one of this process's sandboxes.
 func (s *Server) checkLease(ctx context.Context, e *entry, token uint64) (lease.Lease, error) {
 	l, err := s.leases.Check(ctx, leaseResource(e.id), token)
-	if err != nil && s.restoreLost(ctx, e, token, err) {
+	if err == nil {
+		return l, nil
+	}
+	if s.restoreLost(ctx, e, token, err) {
 		return s.leases.Check(ctx, leaseResource(e.id), token)
+	}
+	if l, ok := s.whileDown(e, token, err); ok {
+		return l, nil
 	}
 	return l, err
 }
 
-// renewLease is leases.Renew for one of this process's sandboxes.
+// renewLease is leases.Renew for one of this process's sandboxes. While
+// the lease store is down the renewal is kept in the record only (and put
+// into Redis once it answers and has lost the lease).
 func (s *Server) renewLease(ctx context.Context, e *entry, token uint64, ttl time.Duration) (lease.Lease, error) {
 	l, err := s.leases.Renew(ctx, leaseResource(e.id), token, ttl)
-	if err != nil && s.restoreLost(ctx, e, token, err) {
+	if err == nil {
+		return l, nil
+	}
+	if s.restoreLost(ctx, e, token, err) {
 		return s.leases.Renew(ctx, leaseResource(e.id), token, ttl)
+	}
+	if l, ok := s.whileDown(e, token, err); ok {
+		l.TTL, l.ExpiresAt = ttl, s.now().Add(ttl)
+		return l, nil
 	}
 	return l, err
 }
@@ -71,8 +105,14 @@ func (s *Server) renewLease(ctx context.Context, e *entry, token uint64, ttl tim
 // lease back.
 func (s *Server) leaseHeld(ctx context.Context, e *entry) (bool, error) {
 	_, ok, err := s.leases.Get(ctx, leaseResource(e.id))
-	if err != nil || ok {
-		return ok, err
+	if err != nil {
+		if _, held := s.whileDown(e, 0, err); held {
+			return true, nil
+		}
+		return false, err
+	}
+	if ok {
+		return true, nil
 	}
 	lost := fault.FailedPrecondition(lease.ReasonExpired, "lost")
 	return s.restoreLost(ctx, e, 0, lost), nil
