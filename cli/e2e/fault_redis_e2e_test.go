@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
+	sessionapp "github.com/hangar-dev/hangar/session-svc/app"
 )
 
 // privateRedis is a redis-server of the test's own on a free port, without
@@ -117,10 +119,7 @@ func redisFaultStart(t *testing.T, r *privateRedis, vars map[string]string) *sta
 // goes through), with the usage of all its model calls, and get answers
 // throughout.
 func TestRedisRestartMidTurn(t *testing.T) {
-	rounds := 3
-	if v := os.Getenv("HANGAR_FAULT_REDIS_ROUNDS"); v != "" {
-		fmt.Sscan(v, &rounds)
-	}
+	rounds := faultRounds(3)
 	r := startPrivateRedis(t)
 	s := redisFaultStart(t, r, nil)
 	ctx := context.Background()
@@ -207,4 +206,161 @@ func TestRedisDownMidTurn(t *testing.T) {
 	if got := s.get(t, "redis-down"); got.GetState() != sessionv1.SessionState_SESSION_STATE_IDLE || got.GetSandboxId() != sandbox {
 		t.Errorf("session after the outage: %v (%s) on %q, want idle on %s", got.GetState(), got.GetStateReason(), got.GetSandboxId(), sandbox)
 	}
+}
+
+// faultRounds is HANGAR_FAULT_REDIS_ROUNDS, or def.
+func faultRounds(def int) int {
+	if v, err := strconv.Atoi(os.Getenv("HANGAR_FAULT_REDIS_ROUNDS")); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// TestRedisRestartMidLease: Redis restarted empty while sessions keep
+// sandboxes: each sandbox keeps its lease (same holder, same fencing
+// token, renewable, usable), no sandbox is leased to anyone else, and
+// every lease taken afterwards has a higher token than any before.
+func TestRedisRestartMidLease(t *testing.T) {
+	r := startPrivateRedis(t)
+	s := startStack(t, stackOptions{vars: map[string]string{"HANGAR_REDIS_URL": r.url()}})
+	s.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
+	ctx := context.Background()
+	leaseOf := func(sandbox string) *sandboxv1.Lease {
+		t.Helper()
+		got, err := s.sandboxes.GetSandbox(ctx, &sandboxv1.GetSandboxRequest{SandboxId: sandbox})
+		if err != nil {
+			t.Fatalf("sandbox %s: %v", sandbox, err)
+		}
+		return got.GetSandbox().GetLease()
+	}
+	open := func(name string) (string, *sandboxv1.Lease) {
+		t.Helper()
+		if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: name, Environment: "e2e"}); err != nil {
+			t.Fatal(err)
+		}
+		opened, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb := opened.GetSession().GetSandboxId()
+		return sb, leaseOf(sb)
+	}
+	type kept struct {
+		name, sandbox string
+		lease         *sandboxv1.Lease
+	}
+	var sessions []kept
+	maxToken := uint64(0)
+	rounds := faultRounds(3)
+	for i := 1; i <= rounds; i++ {
+		name := fmt.Sprintf("lease-%d", i)
+		sb, l := open(name)
+		if l.GetFencingToken() <= maxToken {
+			t.Errorf("round %d: %s leased with token %d, not above every earlier token (%d)", i, sb, l.GetFencingToken(), maxToken)
+		}
+		maxToken = max(maxToken, l.GetFencingToken())
+		sessions = append(sessions, kept{name, sb, l})
+		r.restart(t)
+		for _, k := range sessions {
+			// The holder's heartbeat and an operator's command both go on.
+			if _, err := s.sandboxes.RenewLease(ctx, &sandboxv1.RenewLeaseRequest{SandboxId: k.sandbox, FencingToken: k.lease.GetFencingToken(), TtlSeconds: 60}); err != nil {
+				t.Errorf("round %d: renew %s's lease after Redis restarted empty: %v", i, k.name, err)
+			}
+			if out, code := s.exec(t, k.sandbox, "echo ok"); code != 0 || out != "ok\n" {
+				t.Errorf("round %d: exec in %s's sandbox: %q, %d", i, k.name, out, code)
+			}
+			if l := leaseOf(k.sandbox); l.GetHolder() != k.lease.GetHolder() || l.GetFencingToken() != k.lease.GetFencingToken() {
+				t.Errorf("round %d: %s's lease is now %v, was %v", i, k.name, l, k.lease)
+			}
+		}
+	}
+	list, err := s.sandboxes.ListSandboxes(ctx, &sandboxv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders := map[string]string{}
+	for _, sb := range list.GetSandboxes() {
+		h := sb.GetLease().GetHolder()
+		if h == "" {
+			continue
+		}
+		if other, ok := holders[h]; ok {
+			t.Errorf("%s holds two sandboxes: %s and %s", h, other, sb.GetId())
+		}
+		holders[h] = sb.GetId()
+	}
+	if len(holders) != rounds {
+		t.Errorf("%d leased sandboxes, want %d: %v", len(holders), rounds, holders)
+	}
+	for _, k := range sessions {
+		if _, err := s.sessions.SuspendSession(ctx, &sessionv1.SuspendSessionRequest{Name: k.name}); err != nil {
+			t.Errorf("suspend %s after the restarts: %v", k.name, err)
+		}
+	}
+	t.Logf("Redis restarted empty %d times with %d sandboxes leased: leases kept with their tokens, none leased twice, tokens only rose", rounds, rounds)
+}
+
+// TestRedisRestartMidHold: with the injected clock, a session held by an
+// API client is never suspended across Redis restarts that empty it: the
+// idle clock waits (a grace) while the holder takes its vanished hold
+// again, as the CLI does, and suspends the session only once released.
+func TestRedisRestartMidHold(t *testing.T) {
+	clock := &sessionMoreClock{now: time.Now().UTC(), tick: make(chan time.Time)}
+	r := startPrivateRedis(t)
+	s := startStack(t, stackOptions{clock: sessionapp.Clock{Now: clock.Now, Tick: clock.tick}, vars: map[string]string{"HANGAR_REDIS_URL": r.url()}})
+	s.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
+	ctx := context.Background()
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "held-r", Environment: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: "held-r"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.sessions.KeepSession(ctx, &sessionv1.KeepSessionRequest{Name: "held-r", IdleMinutes: 5}); err != nil {
+		t.Fatal(err)
+	}
+	acquire := &sessionv1.AcquireHoldRequest{Name: "held-r", Owner: "api/test", Kind: sessionv1.HoldKind_HOLD_KIND_COMMAND, TtlSeconds: 3600}
+	hold, err := s.sessions.AcquireHold(ctx, acquire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := hold.GetHold().GetId()
+	suspended := 0
+	check := func(round int, when string) {
+		t.Helper()
+		if got := s.get(t, "held-r"); got.GetState() != sessionv1.SessionState_SESSION_STATE_IDLE {
+			suspended++
+			t.Fatalf("round %d, %s: the held session is %v (%s)", round, when, got.GetState(), got.GetStateReason())
+		}
+	}
+	rounds := faultRounds(3)
+	for i := 1; i <= rounds; i++ {
+		clock.advance(10 * time.Minute)
+		clock.sweep(t)
+		check(i, "10 minutes into an idle time of 5")
+		r.restart(t)
+		clock.sweep(t)
+		check(i, "right after Redis restarted empty")
+		// The holder's heartbeat finds its hold gone and takes it again.
+		if _, err := s.sessions.RenewHold(ctx, &sessionv1.RenewHoldRequest{Name: "held-r", HoldId: id, TtlSeconds: 3600}); err == nil {
+			t.Fatalf("round %d: the hold survived a Redis restarted empty", i)
+		}
+		again, err := s.sessions.AcquireHold(ctx, acquire)
+		if err != nil {
+			t.Fatalf("round %d: hold again: %v", i, err)
+		}
+		id = again.GetHold().GetId()
+		clock.advance(10 * time.Minute)
+		clock.sweep(t)
+		check(i, "10 minutes after the restart, held again")
+	}
+	if _, err := s.sessions.ReleaseHold(ctx, &sessionv1.ReleaseHoldRequest{Name: "held-r", HoldId: id}); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(6 * time.Minute)
+	clock.sweep(t)
+	if got := s.get(t, "held-r"); got.GetState() != sessionv1.SessionState_SESSION_STATE_SUSPENDED {
+		t.Fatalf("6 minutes after the release (idle 5): %v (%s), want suspended", got.GetState(), got.GetStateReason())
+	}
+	t.Logf("Redis restarted empty %d times while a session was held past its idle time: %d suspensions of the held session", rounds, suspended)
 }

@@ -34,6 +34,11 @@ func (m *Manager) Run(ctx context.Context, tick <-chan time.Time) error {
 		tick = ticker.C
 	}
 	m.recoverAtStart(ctx)
+	// The hold table as found at start is this process's baseline: only
+	// a loss after it starts a grace (checkHoldTable).
+	if _, err := m.d.Holds.Lost(ctx); err != nil {
+		m.log.WarnContext(ctx, "hold table not checked", "error", err)
+	}
 	m.adoptJobs(ctx)
 	watchDone := make(chan struct{})
 	go func() {
@@ -60,6 +65,7 @@ func (m *Manager) sweepGuarded(ctx context.Context) {
 
 // Sweep does one round of the idle clock and the periodic checkpoints.
 func (m *Manager) Sweep(ctx context.Context) {
+	m.checkHoldTable(ctx)
 	m.recoverStuck(ctx)
 	m.checkpointRunning(ctx)
 	sessions, err := m.d.Store.ListSessionsByState(ctx, store.StateIdle, store.StateNeedsInput)
@@ -85,7 +91,7 @@ func (m *Manager) Sweep(ctx context.Context) {
 			m.log.WarnContext(ctx, "idle clock unreadable", "session", s.Name, "error", err)
 			continue
 		}
-		if !at.IsZero() && !now.Before(at) {
+		if !at.IsZero() && !now.Before(at) && !m.inHoldGrace(now) {
 			reason := fmt.Sprintf("idle for %d minutes", m.idleMinutes(s))
 			if _, err := m.Suspend(ctx, s.Name, reason); err != nil {
 				m.log.WarnContext(ctx, "idle suspend failed", "session", s.Name, "error", err)
@@ -95,6 +101,33 @@ func (m *Manager) Sweep(ctx context.Context) {
 		m.periodicCheckpoint(ctx, s, now)
 	}
 	m.adoptJobs(ctx)
+}
+
+// holdGrace is how long the idle clock suspends nothing after the hold
+// table was found lost (Redis restarted without its data): long enough for
+// every holder renewing at least every few minutes (the CLI renews every
+// 20 s; turns and jobs every LeaseTTL/3) to take its hold again, so a
+// session in use is never suspended because Redis forgot it was held.
+const holdGrace = 5 * time.Minute
+
+// checkHoldTable starts a hold grace when the hold table is new.
+func (m *Manager) checkHoldTable(ctx context.Context) {
+	lost, err := m.d.Holds.Lost(ctx)
+	if err != nil || !lost {
+		return
+	}
+	until := m.now().Add(holdGrace)
+	m.mu.Lock()
+	m.holdGraceUntil = until
+	m.mu.Unlock()
+	m.log.WarnContext(ctx, "the hold table is new (Redis started or restarted without its data): no idle suspends until holders have taken their holds again", "until", until)
+}
+
+// inHoldGrace says idle suspends wait (see holdGrace).
+func (m *Manager) inHoldGrace(now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return now.Before(m.holdGraceUntil)
 }
 
 // adoptJobs picks up the unfinished jobs no runner holds.

@@ -89,6 +89,10 @@ type Manager struct {
 	// sandboxes caches the paths of sandboxes this process acquired.
 	sandboxes map[string]*sandboxv1.Sandbox
 
+	// holdGraceUntil: no idle suspends before it (the hold table was
+	// lost; holders are taking their holds again).
+	holdGraceUntil time.Time
+
 	// startedAt is when this Manager was made: a session that changed
 	// state since was changed by this process.
 	startedAt time.Time
