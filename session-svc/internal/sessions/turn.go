@@ -485,7 +485,13 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 // finishTurn records a turn's end: its outcome and usage, a checkpoint, the
 // conversation id, and the session's next state.
 func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string, number int, res turnResult) {
-	s, err := m.get(ctx, name)
+	// A database that is down (a restart, a failover) is waited for: the
+	// turn's end is recorded once it is back, within ctx.
+	var s *store.Session
+	err := m.retryStore(ctx, log, func() (err error) {
+		s, err = m.get(ctx, name)
+		return err
+	})
 	if err != nil {
 		log.WarnContext(ctx, "turn end not recorded", "error", err)
 		return
@@ -548,12 +554,26 @@ func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string,
 		// what the checkpoint kept is what there is.
 		next = store.StateSuspended
 	}
-	if _, err := m.transition(ctx, name, next, "turn "+res.outcome, from...); err != nil {
+	if err := m.retryStore(ctx, log, func() error {
+		_, err := m.transition(ctx, name, next, "turn "+res.outcome, from...)
+		return err
+	}); err != nil {
 		log.WarnContext(ctx, "session state after turn not recorded", "error", err)
 	}
 	// The turn's end is recorded last: whoever waits for it finds the
 	// session already out of running.
-	_, err = m.d.Store.UpdateTurn(ctx, name, number, func(t *store.Turn) error {
+	err = m.retryStore(ctx, log, func() error {
+		_, err := m.d.Store.UpdateTurn(ctx, name, number, m.endTurn(res, checkpointID))
+		return err
+	})
+	if err != nil {
+		log.WarnContext(ctx, "turn outcome not recorded", "error", err)
+	}
+}
+
+// endTurn records res on a turn.
+func (m *Manager) endTurn(res turnResult, checkpointID string) func(t *store.Turn) error {
+	return func(t *store.Turn) error {
 		t.Outcome, t.OutcomeReason, t.Result = res.outcome, res.reason, res.text
 		t.StructuredResultJSON = res.structured
 		t.Summary = summarize(res.text)
@@ -566,9 +586,35 @@ func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string,
 			t.Command = res.command
 		}
 		return nil
-	})
-	if err != nil {
-		log.WarnContext(ctx, "turn outcome not recorded", "error", err)
+	}
+}
+
+// retryStore runs f until it succeeds, fails for a reason other than the
+// database being unreachable (a hangar error: not found, a state
+// conflict), or ctx ends. It backs off up to 5 s between tries.
+func (m *Manager) retryStore(ctx context.Context, log *slog.Logger, f func() error) error {
+	delay := 100 * time.Millisecond
+	warned := false
+	for {
+		err := f()
+		var he *fault.Error
+		if err == nil || errors.As(err, &he) || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrConflict) || ctx.Err() != nil {
+			return err
+		}
+		if m.d.Store.Ping(ctx) == nil {
+			// The database answers: the error was f's own.
+			return err
+		}
+		if !warned {
+			log.WarnContext(ctx, "session database unreachable: waiting for it to record the turn's end", "error", err)
+			warned = true
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
 	}
 }
 
