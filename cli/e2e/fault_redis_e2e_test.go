@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -363,4 +364,60 @@ func TestRedisRestartMidHold(t *testing.T) {
 		t.Fatalf("6 minutes after the release (idle 5): %v (%s), want suspended", got.GetState(), got.GetStateReason())
 	}
 	t.Logf("Redis restarted empty %d times while a session was held past its idle time: %d suspensions of the held session", rounds, suspended)
+}
+
+// TestRedisRestartMidJob: Redis restarted empty while a best-of-N job's
+// attempts are mid-turn: the runner takes its claim and its holds again,
+// the attempts' turns go on, and the job delivers.
+func TestRedisRestartMidJob(t *testing.T) {
+	r := startPrivateRedis(t)
+	release := filepath.Join(t.TempDir(), "release")
+	script := forkScript(release)
+	st := startStack(t, stackOptions{script: &script, vars: map[string]string{"HANGAR_REDIS_URL": r.url(), "HANGAR_CACHE_STAGGER_SECONDS": "0"}})
+	st.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
+	s := &forkStack{stack: st, release: release}
+	ctx := context.Background()
+	s.parent(t, "redisjob", sessionv1.Harness_HARNESS_CLAUDE)
+	check := `case "$(basename "$(dirname "$PWD")")" in *-1) echo "score 3";; *) exit 1;; esac`
+	created, err := s.jobs.CreateJob(ctx, &sessionv1.CreateJobRequest{
+		Strategy: sessionv1.JobStrategy_JOB_STRATEGY_BEST_OF_N, Session: "redisjob", Message: "Please do the slow task.", N: 2, Check: check,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetJob().GetId()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		job, err := s.jobs.GetJob(ctx, &sessionv1.GetJobRequest{Id: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		running := 0
+		for _, a := range job.GetJob().GetAttempts() {
+			if got, err := s.sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: a.GetSession()}); err == nil &&
+				got.GetSession().GetState() == sessionv1.SessionState_SESSION_STATE_RUNNING {
+				running++
+			}
+		}
+		if running == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job's attempts are not both running: %v", job.GetJob())
+		}
+		<-time.After(100 * time.Millisecond)
+	}
+	r.restart(t)
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	job := forkWaitJob(t, s, id)
+	if job.GetState() != sessionv1.JobState_JOB_STATE_DELIVERED || !strings.HasSuffix(job.GetWinner(), "-1") {
+		t.Fatalf("job after Redis restarted empty: %v (%s), winner %q, attempts %v", job.GetState(), job.GetError(), job.GetWinner(), job.GetAttempts())
+	}
+	for _, a := range job.GetAttempts() {
+		if a.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED || a.GetUsage().GetModelCalls() < 2 {
+			t.Errorf("attempt %s: %v, usage %v", a.GetSession(), a.GetOutcome(), a.GetUsage())
+		}
+	}
 }

@@ -296,6 +296,13 @@ func (m *Manager) renewHold(ctx context.Context, hold holds.Hold) func() {
 // final (finishTurn does).
 func (m *Manager) executeTurn(ctx context.Context, name string, number int, in TurnInput, at *activeTurn) turnResult {
 	failed := func(reason string, err error) turnResult {
+		switch {
+		case errors.Is(context.Cause(ctx), errShutdown):
+			// Stopped before the agent ran: a shutdown, not a failure.
+			return turnResult{outcome: "interrupted", reason: reasonTurnShutdown}
+		case errors.Is(context.Cause(ctx), errInterrupted):
+			return turnResult{outcome: "interrupted", reason: "interrupted"}
+		}
 		m.log.WarnContext(ctx, "turn failed", "session", name, "turn", number, "reason", reason, "error", err)
 		return turnResult{outcome: "failed", reason: reason}
 	}
