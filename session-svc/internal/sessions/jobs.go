@@ -79,8 +79,9 @@ var errJobClaimLost = errors.New("another runner claimed the job")
 //     the claim; a stopping job leaves them to lapse after jobHoldTTL, and
 //     the job picked up again renews them.
 //   - Replicas. A runner claims a job in Redis (JobClaims) before running
-//     it, and renews the claim while it runs: two replicas never run one
-//     job at once.
+//     it, and renews the claim while it runs: two replicas do not run one
+//     job at once (after a Redis restarted empty, for at most one renewal
+//     period; see JobClaims).
 //
 // Waiters in this process are woken through the Manager's broadcaster on
 // every write.
