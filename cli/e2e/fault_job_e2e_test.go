@@ -101,6 +101,9 @@ func TestFaultKillMidJob(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if job.GetJob().GetEndedAt() != nil {
+				t.Fatalf("%s ended before the fault: %v (%s), attempts %v", id, job.GetJob().GetState(), job.GetJob().GetError(), job.GetJob().GetAttempts())
+			}
 			waiting = 0
 			for _, a := range job.GetJob().GetAttempts() {
 				got, err := h.sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: a.GetSession()})
