@@ -35,7 +35,7 @@ func (m *Manager) Run(ctx context.Context, tick <-chan time.Time) error {
 	}
 	m.recoverAtStart(ctx)
 	// The hold table as found at start is this process's baseline: only
-	// a loss after it starts a grace (checkHoldTable).
+	// a loss after it starts a grace (holdsInDoubt).
 	if _, err := m.d.Holds.Lost(ctx); err != nil {
 		m.log.WarnContext(ctx, "hold table not checked", "error", err)
 	}
@@ -65,7 +65,6 @@ func (m *Manager) sweepGuarded(ctx context.Context) {
 
 // Sweep does one round of the idle clock and the periodic checkpoints.
 func (m *Manager) Sweep(ctx context.Context) {
-	m.checkHoldTable(ctx)
 	m.recoverStuck(ctx)
 	m.checkpointRunning(ctx)
 	sessions, err := m.d.Store.ListSessionsByState(ctx, store.StateIdle, store.StateNeedsInput)
@@ -91,7 +90,7 @@ func (m *Manager) Sweep(ctx context.Context) {
 			m.log.WarnContext(ctx, "idle clock unreadable", "session", s.Name, "error", err)
 			continue
 		}
-		if !at.IsZero() && !now.Before(at) && !m.inHoldGrace(now) {
+		if !at.IsZero() && !now.Before(at) && !m.holdsInDoubt(ctx, now) {
 			reason := fmt.Sprintf("idle for %d minutes", m.idleMinutes(s))
 			if _, err := m.Suspend(ctx, s.Name, reason); err != nil {
 				m.log.WarnContext(ctx, "idle suspend failed", "session", s.Name, "error", err)
@@ -110,21 +109,23 @@ func (m *Manager) Sweep(ctx context.Context) {
 // session in use is never suspended because Redis forgot it was held.
 const holdGrace = 5 * time.Minute
 
-// checkHoldTable starts a hold grace when the hold table is new.
-func (m *Manager) checkHoldTable(ctx context.Context) {
+// holdsInDoubt says an idle suspend must wait: the hold table is new
+// (checked after the holds were read, so a Redis that restarted empty
+// since is caught; a grace starts), it can't be checked, or a grace runs.
+func (m *Manager) holdsInDoubt(ctx context.Context, now time.Time) bool {
 	lost, err := m.d.Holds.Lost(ctx)
-	if err != nil || !lost {
-		return
+	if err != nil {
+		m.log.WarnContext(ctx, "hold table unreadable: no idle suspends this sweep", "error", err)
+		return true
 	}
-	until := m.now().Add(holdGrace)
-	m.mu.Lock()
-	m.holdGraceUntil = until
-	m.mu.Unlock()
-	m.log.WarnContext(ctx, "the hold table is new (Redis started or restarted without its data): no idle suspends until holders have taken their holds again", "until", until)
-}
-
-// inHoldGrace says idle suspends wait (see holdGrace).
-func (m *Manager) inHoldGrace(now time.Time) bool {
+	if lost {
+		until := now.Add(holdGrace)
+		m.mu.Lock()
+		m.holdGraceUntil = until
+		m.mu.Unlock()
+		m.log.WarnContext(ctx, "the hold table is new (Redis restarted without its data): no idle suspends until holders have taken their holds again", "until", until)
+		return true
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return now.Before(m.holdGraceUntil)
