@@ -58,7 +58,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	}
 	// Checkpoint streams run as long as a capture or restore takes: no
 	// default per-call deadline on this connection.
-	sandbox, err := rpc.Dial(cfg.SandboxAddr, rpc.ClientOptions{Token: cfg.Token, DefaultTimeout: -1})
+	// Captures and restores are this service's own work, not a use that
+	// keeps a session open (sandboxexec.ServiceCallKey).
+	sandbox, err := rpc.Dial(cfg.SandboxAddr, rpc.ClientOptions{Token: cfg.Token, DefaultTimeout: -1}, sandboxexec.ServiceCallDialOptions()...)
 	if err != nil {
 		_ = closeGCS()
 		return nil, fmt.Errorf("HANGAR_SANDBOX_ADDR=%s: %w", cfg.SandboxAddr, err)

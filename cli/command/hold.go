@@ -7,6 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 )
@@ -25,10 +28,11 @@ const (
 // be taken the command still runs, as the sandbox is what it needs.
 func holdSession(ctx context.Context, sessions sessionv1.SessionServiceClient, name string, kind sessionv1.HoldKind, what string) func() {
 	host, _ := os.Hostname()
-	resp, err := sessions.AcquireHold(ctx, &sessionv1.AcquireHoldRequest{
+	acquire := &sessionv1.AcquireHoldRequest{
 		Name: name, Owner: fmt.Sprintf("cli/%s/%d", host, os.Getpid()), Kind: kind,
 		Description: what, TtlSeconds: int32(holdTTL / time.Second),
-	})
+	}
+	resp, err := sessions.AcquireHold(ctx, acquire)
 	if err != nil {
 		return func() {}
 	}
@@ -44,7 +48,14 @@ func holdSession(ctx context.Context, sessions sessionv1.SessionServiceClient, n
 			case <-renewCtx.Done():
 				return
 			case <-ticker.C:
-				_, _ = sessions.RenewHold(renewCtx, &sessionv1.RenewHoldRequest{Name: name, HoldId: id, TtlSeconds: int32(holdTTL / time.Second)})
+				_, err := sessions.RenewHold(renewCtx, &sessionv1.RenewHoldRequest{Name: name, HoldId: id, TtlSeconds: int32(holdTTL / time.Second)})
+				if status.Code(err) == codes.NotFound {
+					// The hold vanished (a Redis restarted without its
+					// data): take it again.
+					if again, err := sessions.AcquireHold(renewCtx, acquire); err == nil {
+						id = again.GetHold().GetId()
+					}
+				}
 			}
 		}
 	}()

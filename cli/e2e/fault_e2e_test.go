@@ -157,6 +157,7 @@ func (h *hangarProcess) start(t *testing.T) {
 	h.conn = conn
 	h.stack = stack{
 		sessions:    sessionv1.NewSessionServiceClient(conn),
+		jobs:        sessionv1.NewJobServiceClient(conn),
 		sandboxes:   sandboxv1.NewSandboxServiceClient(conn),
 		checkpoints: checkpointv1.NewCheckpointServiceClient(conn),
 	}

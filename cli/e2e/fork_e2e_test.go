@@ -7,8 +7,11 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,6 +25,7 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
+	sessionapp "github.com/hangar-dev/hangar/session-svc/app"
 )
 
 // The parent's turn: a commit, an uncommitted edit, a staged file and an
@@ -47,6 +51,33 @@ func forkScript() scripted.Script {
 	rules = append(rules, shellRules("fork task", forkOwnCmd)...)
 	rules = append(rules, shellRules("slow task", slow)...)
 	return scripted.Script{Rules: rules, Default: &scripted.Answer{Text: "OK."}}
+}
+
+// releaseSlowTasks ends every slow task from now on: until the test ends,
+// release.flag is put in the work tree of every leased sandbox (an
+// isolated sandbox sees nothing of the test's own files, and a turn sent
+// again after a restart starts its task later).
+func releaseSlowTasks(t testing.TB, s *stack) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			if list, err := s.sandboxes.ListSandboxes(ctx, &sandboxv1.ListSandboxesRequest{}); err == nil {
+				for _, sb := range list.GetSandboxes() {
+					if sb.GetLease() != nil {
+						_, _ = sandboxexec.New(s.sandboxes).Exec(ctx, sb.GetId(), 0, []string{"touch", "release.flag"}, nil, "", nil, io.Discard, io.Discard)
+					}
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
 }
 
 // forkStack is hangar with the scripted upstream and the real CLIs.
@@ -404,6 +435,146 @@ func TestBestOfN(t *testing.T) {
 	list, err := s.jobs.ListJobs(ctx, &sessionv1.ListJobsRequest{})
 	if err != nil || len(list.GetJobs()) != 1 {
 		t.Errorf("list jobs: %v, %d", err, len(list.GetJobs()))
+	}
+}
+
+// TestBestOfNRestart: a best-of-N job whose attempts are mid-turn when
+// hangar stops is picked up by the next process, not failed: the attempts'
+// turns (ended "interrupted" by the drain) are sent again, checked and the
+// best delivered. While it runs the job holds the prepared session and
+// every attempt; once it has ended it holds nothing.
+func TestBestOfNRestart(t *testing.T) {
+	s := forkStart(t, nil)
+	ctx := context.Background()
+	s.parent(t, "bonr", sessionv1.Harness_HARNESS_CLAUDE)
+	check := `case "$(basename "$(dirname "$PWD")")" in *-2) echo "score 5";; *) echo "not this one"; exit 1;; esac`
+	created, err := s.jobs.CreateJob(ctx, &sessionv1.CreateJobRequest{
+		Strategy: sessionv1.JobStrategy_JOB_STRATEGY_BEST_OF_N, Session: "bonr", Message: "Please do the slow task.", N: 2, Check: check,
+	})
+	if err != nil {
+		t.Fatalf("create job: %v", err)
+	}
+	id := created.GetJob().GetId()
+	jobHeld := func(name string) bool {
+		for _, h := range s.get(t, name).GetHolds() {
+			if h.GetKind() == sessionv1.HoldKind_HOLD_KIND_JOB && h.GetOwner() == "job/"+id {
+				return true
+			}
+		}
+		return false
+	}
+	var attempts []string
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		job, err := s.jobs.GetJob(ctx, &sessionv1.GetJobRequest{Id: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		attempts = attempts[:0]
+		running := 0
+		for _, a := range job.GetJob().GetAttempts() {
+			attempts = append(attempts, a.GetSession())
+			if got, err := s.sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: a.GetSession()}); err == nil &&
+				got.GetSession().GetState() == sessionv1.SessionState_SESSION_STATE_RUNNING {
+				running++
+			}
+		}
+		if len(attempts) == 2 && running == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job's attempts are not both running: %v", job.GetJob())
+		}
+		<-time.After(100 * time.Millisecond)
+	}
+	for _, name := range append([]string{"bonr"}, attempts...) {
+		if !jobHeld(name) {
+			t.Errorf("%s is not held by job %s while it runs: %v", name, id, s.get(t, name).GetHolds())
+		}
+	}
+
+	s.stack = s.restart(t)
+
+	if job, err := s.jobs.GetJob(ctx, &sessionv1.GetJobRequest{Id: id}); err != nil || job.GetJob().GetEndedAt() != nil {
+		t.Fatalf("job after a restart: %v, %v; want still running", job.GetJob(), err)
+	}
+	releaseSlowTasks(t, s.stack)
+	job := forkWaitJob(t, s, id)
+	if job.GetState() != sessionv1.JobState_JOB_STATE_DELIVERED {
+		for _, name := range attempts {
+			for _, turn := range s.get(t, name).GetTurns() {
+				t.Logf("%s turn %d: %v (%s)", name, turn.GetNumber(), turn.GetOutcome(), turn.GetOutcomeReason())
+			}
+		}
+		t.Fatalf("job %s after a restart: %v (%s) attempts %v", id, job.GetState(), job.GetError(), job.GetAttempts())
+	}
+	if !strings.HasSuffix(job.GetWinner(), "-2") || job.GetBranch() != "hangar/session/bonr-fork-2" {
+		t.Errorf("delivered %q on %q", job.GetWinner(), job.GetBranch())
+	}
+	for _, name := range attempts {
+		var outcomes []sessionv1.TurnOutcome
+		for _, turn := range s.get(t, name).GetTurns() {
+			if !turn.GetInherited() {
+				outcomes = append(outcomes, turn.GetOutcome())
+			}
+		}
+		want := []sessionv1.TurnOutcome{sessionv1.TurnOutcome_TURN_OUTCOME_INTERRUPTED, sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED}
+		if !slices.Equal(outcomes, want) {
+			t.Errorf("%s's own turns ended %v, want %v (interrupted by the restart, then sent again)", name, outcomes, want)
+		}
+	}
+	for _, name := range append([]string{"bonr"}, attempts...) {
+		if jobHeld(name) {
+			t.Errorf("%s is still held by job %s after it ended", name, id)
+		}
+	}
+}
+
+// TestJobHoldsSessions: with the injected clock, a job's prepared session
+// idle past its idle time is not suspended while the job runs (the job
+// holds it); once the job has delivered, the next idle time suspends it.
+func TestJobHoldsSessions(t *testing.T) {
+	clock := &sessionMoreClock{now: time.Now().UTC(), tick: make(chan time.Time)}
+	script := forkScript()
+	st := startStack(t, stackOptions{script: &script, clock: sessionapp.Clock{Now: clock.Now, Tick: clock.tick},
+		vars: map[string]string{"HANGAR_CACHE_STAGGER_SECONDS": "0"}})
+	st.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
+	s := &forkStack{stack: st}
+	ctx := context.Background()
+	s.parent(t, "jobheld", sessionv1.Harness_HARNESS_CLAUDE)
+	if _, err := s.sessions.KeepSession(ctx, &sessionv1.KeepSessionRequest{Name: "jobheld", IdleMinutes: 5}); err != nil {
+		t.Fatal(err)
+	}
+	created, err := s.jobs.CreateJob(ctx, &sessionv1.CreateJobRequest{
+		Strategy: sessionv1.JobStrategy_JOB_STRATEGY_BEST_OF_N, Session: "jobheld", Message: "Please do the slow task.", N: 1, Check: "echo 1",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetJob().GetId()
+	deadline := time.Now().Add(2 * time.Minute)
+	for !slices.ContainsFunc(s.get(t, "jobheld").GetHolds(), func(h *sessionv1.Hold) bool { return h.GetKind() == sessionv1.HoldKind_HOLD_KIND_JOB }) {
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s does not hold its session: %v", id, s.get(t, "jobheld").GetHolds())
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+	clock.advance(10 * time.Minute)
+	clock.sweep(t)
+	if got := s.get(t, "jobheld"); got.GetState() != sessionv1.SessionState_SESSION_STATE_IDLE || got.GetSandboxId() == "" || got.GetSuspendAt() != nil {
+		t.Fatalf("a session held by a running job, idle 10 minutes of 5: %v (%s), suspend at %v", got.GetState(), got.GetStateReason(), got.GetSuspendAt())
+	}
+	releaseSlowTasks(t, s.stack)
+	if job := forkWaitJob(t, s, id); job.GetState() != sessionv1.JobState_JOB_STATE_DELIVERED {
+		t.Fatalf("job %s: %v (%s)", id, job.GetState(), job.GetError())
+	}
+	if h := s.get(t, "jobheld").GetHolds(); len(h) != 0 {
+		t.Fatalf("holds after the job ended: %v", h)
+	}
+	clock.advance(6 * time.Minute)
+	clock.sweep(t)
+	if got := s.get(t, "jobheld"); got.GetState() != sessionv1.SessionState_SESSION_STATE_SUSPENDED {
+		t.Fatalf("6 minutes after the job released it (idle 5): %v (%s), want suspended", got.GetState(), got.GetStateReason())
 	}
 }
 

@@ -106,6 +106,8 @@ func startStack(t testing.TB, opts stackOptions) *stack {
 	var cfg up.Config
 	cfg.Home, cfg.Addr, cfg.LogLevel, cfg.LogFormat = filepath.Join(t.TempDir(), "hangar"), "127.0.0.1:0", "error", "text"
 	cfg.SessionClock = opts.clock
+	// An external Redis replaces the embedded one (hangar up -redis-url).
+	cfg.RedisURL = vars["HANGAR_REDIS_URL"]
 	ctl := &stackControl{cfg: cfg, vars: vars}
 	t.Cleanup(func() { ctl.stop(t) })
 	return ctl.start(t)

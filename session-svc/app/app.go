@@ -23,6 +23,7 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/api/openapi"
+	"github.com/hangar-dev/hangar/api/sandboxexec"
 	"github.com/hangar-dev/hangar/platform/blob"
 	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/platform/redisconn"
@@ -78,15 +79,17 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 	if err != nil {
 		return nil, fmt.Errorf("HANGAR_HOME=%s: cannot use the artifact directory: %w", cfg.Home, err)
 	}
-	dial := func(addr, variable string) (*grpc.ClientConn, error) {
-		conn, err := rpc.Dial(addr, rpc.ClientOptions{Token: cfg.Token, DefaultTimeout: callTimeout})
+	dial := func(addr, variable string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+		conn, err := rpc.Dial(addr, rpc.ClientOptions{Token: cfg.Token, DefaultTimeout: callTimeout}, extra...)
 		if err != nil {
 			return nil, fmt.Errorf("%s=%s: %w", variable, addr, err)
 		}
 		a.closers = append(a.closers, conn.Close)
 		return conn, nil
 	}
-	sandboxConn, err := dial(cfg.SandboxAddr, "HANGAR_SANDBOX_ADDR")
+	// Turns, checks and the files they place are this service's own work,
+	// not a use that keeps a session open (sandboxexec.ServiceCallKey).
+	sandboxConn, err := dial(cfg.SandboxAddr, "HANGAR_SANDBOX_ADDR", sandboxexec.ServiceCallDialOptions()...)
 	if err != nil {
 		return nil, err
 	}
@@ -125,10 +128,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		},
 		Claims: sessions.NewClaims(redis.Client, "hangar:session:claims:"),
 	})
-	jobs := sessions.NewJobs(a.manager)
-	if err := jobs.FailInterrupted(ctx); err != nil {
-		return nil, err
-	}
+	jobs := sessions.NewJobs(a.manager, sessions.NewJobClaims(redis.Client, "hangar:session:jobs:"))
 	sessionsServer := server.New(a.manager, records, holdStore)
 	a.svc, err = service.New(ctx, service.Options{
 		Name:   Name,

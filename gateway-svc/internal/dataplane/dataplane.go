@@ -175,7 +175,11 @@ func token(r *http.Request) string {
 // authenticate returns the run of the request's token; it writes the error
 // answer and returns nil when the token is unknown or scoped to another run.
 func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request, p gatewayv1.Provider, scope string) *gatewayv1.Run {
-	run, err := h.o.Runs.Authenticate(r.Context(), token(r))
+	var run *gatewayv1.Run
+	err := rideOut(r.Context(), func() (err error) {
+		run, err = h.o.Runs.Authenticate(r.Context(), token(r))
+		return err
+	})
 	if errors.Is(err, runs.ErrUnknownToken) {
 		writeError(w, p, http.StatusUnauthorized, errAuth, "hangar gateway: invalid run token (unknown, ended or expired)")
 		return nil
@@ -305,7 +309,11 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 		return
 	}
 
-	seq, err := h.o.Runs.NextSeq(ctx, run.GetId())
+	var seq int32
+	err = rideOut(ctx, func() (err error) {
+		seq, err = h.o.Runs.NextSeq(ctx, run.GetId())
+		return err
+	})
 	if err != nil {
 		h.o.Logger.LogAttrs(ctx, slog.LevelError, "step allocation failed", slog.Any("error", err))
 		writeError(w, p, http.StatusServiceUnavailable, errAPI, "hangar gateway: run store unavailable")
@@ -596,7 +604,7 @@ func (h *Handler) finish(c *call) {
 		return
 	}
 	c.done = true
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(context.Background()), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(context.Background()), 30*time.Second+storeOutageWait)
 	defer cancel()
 	c.step.LatencyMs = h.o.Now().Sub(c.start).Milliseconds()
 	if c.step.Response == nil {
@@ -613,8 +621,17 @@ func (h *Handler) finish(c *call) {
 			h.o.Logger.LogAttrs(ctx, slog.LevelError, "step count failed", slog.Any("error", err))
 		}
 	} else {
-		u, state, reason, err := h.o.Runs.AddUsage(ctx, c.run, c.step.Seq, runs.StepUsage{Model: model, Input: c.usage.u.Input,
-			Output: c.usage.u.Output, CacheRead: c.usage.u.CacheRead, CacheWrite: c.usage.u.CacheWrite})
+		var (
+			u      *gatewayv1.Usage
+			state  gatewayv1.RunState
+			reason string
+		)
+		// A store that is down now counts the call once it is back.
+		err := rideOut(ctx, func() (err error) {
+			u, state, reason, err = h.o.Runs.AddUsage(ctx, c.run, c.step.Seq, runs.StepUsage{Model: model, Input: c.usage.u.Input,
+				Output: c.usage.u.Output, CacheRead: c.usage.u.CacheRead, CacheWrite: c.usage.u.CacheWrite})
+			return err
+		})
 		if err != nil {
 			h.o.Logger.LogAttrs(ctx, slog.LevelError, "usage not recorded", slog.String("run", c.run.GetId()), slog.Any("error", err))
 		}

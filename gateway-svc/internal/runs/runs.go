@@ -22,6 +22,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"regexp"
 	"slices"
@@ -58,6 +59,11 @@ type Store struct {
 	prices PriceTable
 	// keep is how long run records outlive their runs (the tape retention).
 	keep time.Duration
+	// journal keeps a copy of every run (journal.go); nil keeps none.
+	journal         Journal
+	journalNotFound error
+	journalPrefix   string
+	log             *slog.Logger
 }
 
 // Options configures a Store.
@@ -68,6 +74,14 @@ type Options struct {
 	// Keep is how long a run's record is kept after it is created (at least
 	// the tape retention, so a tape's run can be read as long as the tape).
 	Keep time.Duration
+	// Journal, when set, keeps a copy of every run under JournalPrefix, so
+	// runs survive a Redis that restarts empty; JournalNotFound is the
+	// error (wrapped) its Get returns for a missing key.
+	Journal         Journal
+	JournalNotFound error
+	JournalPrefix   string
+	// Logger gets journal write failures (Redis stays the live state).
+	Logger *slog.Logger
 }
 
 // New returns a Store.
@@ -81,7 +95,14 @@ func New(rdb redis.UniversalClient, o Options) *Store {
 	if o.Keep <= 0 {
 		o.Keep = 31 * 24 * time.Hour
 	}
-	return &Store{rdb: rdb, prefix: o.Prefix, now: o.Now, prices: o.Prices, keep: o.Keep}
+	if o.JournalPrefix == "" {
+		o.JournalPrefix = "runs/"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Store{rdb: rdb, prefix: o.Prefix, now: o.Now, prices: o.Prices, keep: o.Keep,
+		journal: o.Journal, journalNotFound: o.JournalNotFound, journalPrefix: o.JournalPrefix, log: o.Logger}
 }
 
 // Prices returns the price table.
@@ -137,7 +158,7 @@ func (s *Store) Create(ctx context.Context, run *gatewayv1.Run, ttl time.Duratio
 	keep := max(s.keep, ttl+24*time.Hour)
 	score := float64(now.UnixMilli())
 	pipe := s.rdb.TxPipeline()
-	pipe.HSet(ctx, s.runKey(run.Id), "rec", rec, "state", int(run.State))
+	pipe.HSet(ctx, s.runKey(run.Id), "rec", rec, "state", int(run.State), "tokhash", hashToken(token))
 	pipe.Expire(ctx, s.runKey(run.Id), keep)
 	pipe.Set(ctx, s.tokKey(hashToken(token)), run.Id, ttl)
 	pipe.ZAdd(ctx, s.runsKey(), redis.Z{Score: score, Member: run.Id})
@@ -147,6 +168,12 @@ func (s *Store) Create(ctx context.Context, run *gatewayv1.Run, ttl time.Duratio
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, "", fmt.Errorf("runs: create: %w", err)
+	}
+	if err := s.journalToken(ctx, hashToken(token), run.Id); err != nil {
+		return nil, "", err
+	}
+	if err := s.journalPut(ctx, run.Id); err != nil {
+		return nil, "", err
 	}
 	return run, token, nil
 }
@@ -167,7 +194,13 @@ func (s *Store) Authenticate(ctx context.Context, token string) (*gatewayv1.Run,
 	}
 	id, err := s.rdb.Get(ctx, s.tokKey(hashToken(token))).Result()
 	if errors.Is(err, redis.Nil) {
-		return nil, ErrUnknownToken
+		// Redis may have lost it (a restart): the journal knows.
+		if id, err = s.restoreToken(ctx, hashToken(token)); err != nil {
+			return nil, fmt.Errorf("runs: token lookup: %w", err)
+		}
+		if id == "" {
+			return nil, ErrUnknownToken
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("runs: token lookup: %w", err)
@@ -190,6 +223,15 @@ func (s *Store) Get(ctx context.Context, id string) (*gatewayv1.Run, error) {
 	vals, err := s.rdb.HGetAll(ctx, s.runKey(id)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("runs: get %s: %w", id, err)
+	}
+	if vals["rec"] == "" {
+		if ok, err := s.restore(ctx, id); err != nil {
+			return nil, err
+		} else if ok {
+			if vals, err = s.rdb.HGetAll(ctx, s.runKey(id)).Result(); err != nil {
+				return nil, fmt.Errorf("runs: get %s: %w", id, err)
+			}
+		}
 	}
 	if vals["rec"] == "" {
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
@@ -235,11 +277,19 @@ func (s *Store) End(ctx context.Context, id, reason string) (*gatewayv1.Run, err
 // a reason; a run already out of ACTIVE keeps its state.
 func (s *Store) SetState(ctx context.Context, id string, state gatewayv1.RunState, reason string) (*gatewayv1.Run, error) {
 	n, err := setStateScript.Run(ctx, s.rdb, []string{s.runKey(id)}, int(state), reason, s.now().UnixMilli()).Int()
+	if err == nil && n < 0 {
+		if ok, rerr := s.restore(ctx, id); rerr == nil && ok {
+			n, err = setStateScript.Run(ctx, s.rdb, []string{s.runKey(id)}, int(state), reason, s.now().UnixMilli()).Int()
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("runs: set state of %s: %w", id, err)
 	}
 	if n < 0 {
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if n == 1 {
+		s.journalLogged(ctx, id)
 	}
 	return s.Get(ctx, id)
 }
@@ -258,7 +308,9 @@ func (s *Store) NextSeq(ctx context.Context, id string) (int32, error) {
 // Returns {state, reason}.
 var addUsageScript = redis.NewScript(`
 local k = KEYS[1]
-if redis.call('EXISTS', k) == 0 then return {-1, ''} end
+if redis.call('HEXISTS', k, 'rec') == 0 then return {-1, ''} end
+local sq = tonumber(redis.call('HGET', k, 'seq') or '0')
+if tonumber(ARGV[9]) > sq then redis.call('HSET', k, 'seq', ARGV[9]) end
 local tin = redis.call('HINCRBY', k, 'in', ARGV[1])
 local tout = redis.call('HINCRBY', k, 'out', ARGV[2])
 local tcr = redis.call('HINCRBY', k, 'cr', ARGV[3])
@@ -305,23 +357,42 @@ func (s *Store) AddUsage(ctx context.Context, run *gatewayv1.Run, seq int32, u S
 	if c := run.GetBudget().GetMaxCostUsd(); c > 0 {
 		maxCost = int64(math.Round(c * 1e9))
 	}
-	res, err := addUsageScript.Run(ctx, s.rdb, []string{s.runKey(run.GetId())},
-		u.Input, u.Output, u.CacheRead, u.CacheWrite, int64(math.Round(cost*1e9)),
-		run.GetBudget().GetMaxTokens(), maxCost, s.now().UnixMilli(), seq).Slice()
-	if err != nil {
-		return step, 0, "", fmt.Errorf("runs: add usage to %s: %w", run.GetId(), err)
+	add := func() (int64, string, error) {
+		res, err := addUsageScript.Run(ctx, s.rdb, []string{s.runKey(run.GetId())},
+			u.Input, u.Output, u.CacheRead, u.CacheWrite, int64(math.Round(cost*1e9)),
+			run.GetBudget().GetMaxTokens(), maxCost, s.now().UnixMilli(), seq).Slice()
+		if err != nil {
+			return 0, "", fmt.Errorf("runs: add usage to %s: %w", run.GetId(), err)
+		}
+		state, _ := res[0].(int64)
+		reason, _ := res[1].(string)
+		return state, reason, nil
 	}
-	state, _ := res[0].(int64)
-	reason, _ := res[1].(string)
+	state, reason, err := add()
+	if err == nil && state < 0 {
+		// Redis lost the run since the call began: put it back, count
+		// the call.
+		if ok, rerr := s.restore(ctx, run.GetId()); rerr == nil && ok {
+			state, reason, err = add()
+		}
+	}
+	if err != nil {
+		return step, 0, "", err
+	}
 	if state < 0 {
 		return step, 0, "", fmt.Errorf("%w: %s", ErrNotFound, run.GetId())
 	}
+	s.journalLogged(ctx, run.GetId())
 	return step, gatewayv1.RunState(state), reason, nil
 }
 
 // Touch records that a run has a step seq without usage (a failed call).
 func (s *Store) Touch(ctx context.Context, id string, seq int32) error {
-	return setMaxScript.Run(ctx, s.rdb, []string{s.runKey(id)}, "steps", seq).Err()
+	if err := setMaxScript.Run(ctx, s.rdb, []string{s.runKey(id)}, "steps", seq).Err(); err != nil {
+		return err
+	}
+	s.journalLogged(ctx, id)
+	return nil
 }
 
 var setMaxScript = redis.NewScript(`
@@ -504,8 +575,14 @@ func (s *Store) TapesBefore(ctx context.Context, t time.Time) (map[string]int32,
 	return out, nil
 }
 
-// ForgetTape implements tape.Index.
+// ForgetTape implements tape.Index. The run's journal copy goes with its
+// tape.
 func (s *Store) ForgetTape(ctx context.Context, run string) error {
+	if s.journal != nil {
+		if err := s.journal.Delete(ctx, s.journalRunKey(run)); err != nil && (s.journalNotFound == nil || !errors.Is(err, s.journalNotFound)) {
+			return fmt.Errorf("runs: forget the journal of %s: %w", run, err)
+		}
+	}
 	return s.rdb.ZRem(ctx, s.tapesKey(), run).Err()
 }
 
@@ -689,4 +766,20 @@ func (s *Store) WaitToolCallAnswer(ctx context.Context, id string, seq int32, wa
 		return false, fmt.Errorf("runs: wait for tool call answers of %s: %w", id, err)
 	}
 	return true, nil
+}
+
+// journalLogged writes the run's journal copy, logging a failure (Redis
+// stays the live state; the next write tries again).
+func (s *Store) journalLogged(ctx context.Context, id string) {
+	if err := s.journalPut(ctx, id); err != nil {
+		s.log.WarnContext(ctx, "run journal not written", "run", id, "error", err)
+	}
+}
+
+func decodeRec(rec []byte) (*gatewayv1.Run, error) {
+	run := &gatewayv1.Run{}
+	if err := proto.Unmarshal(rec, run); err != nil {
+		return nil, err
+	}
+	return run, nil
 }

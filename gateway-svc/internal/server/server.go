@@ -119,7 +119,10 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	}
 	keep := time.Duration(deps.TapeDays+1) * 24 * time.Hour
 	s := &Server{deps: deps}
-	s.runs = runs.New(deps.Redis, runs.Options{Prefix: deps.KeyPrefix, Now: deps.Now, Prices: prices, Keep: keep})
+	// Runs are journalled next to the tapes, so they survive a Redis that
+	// restarts empty.
+	s.runs = runs.New(deps.Redis, runs.Options{Prefix: deps.KeyPrefix, Now: deps.Now, Prices: prices, Keep: keep,
+		Journal: deps.Tapes, JournalNotFound: blob.ErrNotFound, JournalPrefix: "runs/", Logger: deps.Logger})
 	s.tapes = tape.New(deps.Tapes, "tapes/", blob.ErrNotFound)
 	s.sweeper = &tape.Sweeper{Tapes: s.tapes, Index: s.runs, Days: deps.TapeDays, Now: deps.Now, Logger: deps.Logger}
 	s.data = dataplane.New(dataplane.Options{

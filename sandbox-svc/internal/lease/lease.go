@@ -205,6 +205,38 @@ func (m *Manager) Release(ctx context.Context, resource string, token uint64) (L
 	return Lease{Resource: resource, Holder: holder, Token: token}, nil
 }
 
+// restoreScript puts a lease back unless one is there, and raises the
+// counter to at least its token. ARGV: token, holder, lease ms, counter ms.
+var restoreScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local cur = redis.call('GET', KEYS[2])
+if not cur or tonumber(cur) < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[4])
+end
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
+return 1
+`)
+
+// Restore puts back a lease Redis lost (a Redis restarted empty, a
+// failover that dropped writes) for the rest of its term, with its token
+// and holder, unless a lease is there now: false then. Only the owner of
+// the resource's authoritative record may call it (the sandbox service
+// for its own sandboxes, which no one else can lease): the lease is not
+// given to anyone new, it is the same lease kept, and the counter is
+// raised to its token so tokens still only rise.
+func (m *Manager) Restore(ctx context.Context, l Lease) (bool, error) {
+	left := l.ExpiresAt.Sub(m.now())
+	if left <= 0 || l.Token == 0 {
+		return false, nil
+	}
+	tok := strconv.FormatUint(l.Token, 10)
+	n, err := restoreScript.Run(ctx, m.rdb, []string{m.leaseKey(l.Resource), m.fenceKey(l.Resource)}, tok, l.Holder, ms(left), ms(max(FenceTTL, 2*l.TTL))).Int()
+	if err != nil {
+		return false, unavailable(err)
+	}
+	return n == 1, nil
+}
+
 // Get returns the current lease on resource; ok is false when none.
 func (m *Manager) Get(ctx context.Context, resource string) (Lease, bool, error) {
 	pipe := m.rdb.Pipeline()

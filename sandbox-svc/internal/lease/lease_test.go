@@ -279,3 +279,51 @@ func redistestWait(t *testing.T, cond func() bool) {
 		<-time.After(5 * time.Millisecond)
 	}
 }
+
+// A lease Redis lost (its keys gone, as after a restart without data) is
+// put back with its token and holder by the resource's owner; the counter
+// is raised to the token, so the next lease gets a higher one; a lease
+// another holder has now is never overwritten, and one past its term is
+// not put back.
+func TestRestore(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		m := lease.New(b.Client, b.Prefix, time.Now)
+		l, err := m.Acquire(ctx, "sb-r", "session/a", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Client.Del(ctx, b.Prefix+"lease:sb-r", b.Prefix+"fence:sb-r")
+		if _, err := m.Check(ctx, "sb-r", l.Token); reasonOf(err) != lease.ReasonExpired {
+			t.Fatalf("check of a lost lease: %v", err)
+		}
+		if ok, err := m.Restore(ctx, l); err != nil || !ok {
+			t.Fatalf("Restore = %v, %v", ok, err)
+		}
+		got, err := m.Check(ctx, "sb-r", l.Token)
+		if err != nil || got.Holder != "session/a" {
+			t.Fatalf("check after restore: %v, %v", got, err)
+		}
+		if ok, err := m.Restore(ctx, l); err != nil || ok {
+			t.Fatalf("Restore over a live lease = %v, %v; want false", ok, err)
+		}
+		if _, err := m.Release(ctx, "sb-r", l.Token); err != nil {
+			t.Fatal(err)
+		}
+		next, err := m.Acquire(ctx, "sb-r", "session/b", time.Minute)
+		if err != nil || next.Token <= l.Token {
+			t.Fatalf("next lease %v, %v: want a token above %d", next, err, l.Token)
+		}
+		if ok, _ := m.Restore(ctx, l); ok {
+			t.Fatal("a lost lease was put back over another holder's")
+		}
+		old := l
+		old.ExpiresAt = time.Now().Add(-time.Second)
+		if _, err := m.Release(ctx, "sb-r", next.Token); err != nil {
+			t.Fatal(err)
+		}
+		if ok, _ := m.Restore(ctx, old); ok {
+			t.Fatal("a lease past its term was put back")
+		}
+	})
+}

@@ -67,6 +67,7 @@ func (s *Server) Exec(stream sandboxv1.SandboxService_ExecServer) error {
 	if err != nil {
 		return err
 	}
+	defer trackUse(ctx, e, useExec, commandLine(start.GetCommand()))()
 	if t := start.GetTimeoutSeconds(); t > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(t)*time.Second)

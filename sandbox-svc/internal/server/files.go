@@ -69,6 +69,7 @@ func (s *Server) ReadFile(ctx context.Context, req *sandboxv1.ReadFileRequest) (
 	if err != nil {
 		return nil, err
 	}
+	defer trackUse(ctx, e, useReadFile, req.GetPath())()
 	data, fi, err := e.sb.ReadFile(ctx, req.GetPath(), MaxReadFile)
 	if err != nil {
 		return nil, fileErr(e.id, req.GetPath(), err)
@@ -88,6 +89,7 @@ func (s *Server) WriteFile(ctx context.Context, req *sandboxv1.WriteFileRequest)
 	if err != nil {
 		return nil, err
 	}
+	defer trackUse(ctx, e, useWriteFile, req.GetPath())()
 	fi, err := e.sb.WriteFile(ctx, req.GetPath(), req.GetContent(), fs.FileMode(req.GetMode()))
 	if err != nil {
 		return nil, fileErr(e.id, req.GetPath(), err)

@@ -100,6 +100,8 @@ type entry struct {
 	state   sandboxv1.SandboxState
 	lease   lease.Lease
 	destroy chan struct{} // closed when destruction finished
+	// uses are the callers using it now (uses.go).
+	uses useSet
 }
 
 type poolEntry struct {
@@ -314,14 +316,14 @@ func (s *Server) use(ctx context.Context, id string, token uint64) (*entry, erro
 		return nil, fault.FailedPrecondition("SANDBOX_NOT_LEASED", "sandbox %q is %s, not leased", id, stateName(state))
 	}
 	if token == 0 {
-		if _, ok, err := s.leases.Get(ctx, leaseResource(id)); err != nil {
+		if ok, err := s.leaseHeld(ctx, e); err != nil {
 			return nil, err
 		} else if !ok {
 			return nil, fault.FailedPrecondition(lease.ReasonExpired, "the lease on sandbox %q has expired", id)
 		}
 		return e, nil
 	}
-	if _, err := s.leases.Check(ctx, leaseResource(id), token); err != nil {
+	if _, err := s.checkLease(ctx, e, token); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -428,7 +430,7 @@ func (s *Server) reap(ctx context.Context) {
 		e.mu.Lock()
 		tok := e.lease.Token
 		e.mu.Unlock()
-		if _, err := s.leases.Check(ctx, leaseResource(e.id), tok); fault.Is(err, fault.KindFailedPrecondition) {
+		if _, err := s.checkLease(ctx, e, tok); fault.Is(err, fault.KindFailedPrecondition) {
 			s.log.Info("sandbox lease expired", slog.String("sandbox", e.id))
 			s.destroy(ctx, e, destroyhook.ReasonLeaseExpired)
 		}
@@ -591,6 +593,7 @@ func (e *entry) proto() *sandboxv1.Sandbox {
 	if e.lease.Token != 0 && e.state == sandboxv1.SandboxState_SANDBOX_STATE_LEASED {
 		p.Lease = leaseToProto(e.lease, e.id)
 	}
+	e.uses.fill(p)
 	return p
 }
 
@@ -785,7 +788,7 @@ func (s *Server) RenewLease(ctx context.Context, req *sandboxv1.RenewLeaseReques
 	if err != nil {
 		return nil, err
 	}
-	l, err := s.leases.Renew(ctx, leaseResource(e.id), req.GetFencingToken(), ttl)
+	l, err := s.renewLease(ctx, e, req.GetFencingToken(), ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -807,7 +810,7 @@ func (s *Server) ReleaseSandbox(ctx context.Context, req *sandboxv1.ReleaseSandb
 	if req.GetFencingToken() == 0 {
 		return nil, fault.InvalidArgument("fencing_token", "fencing_token is required")
 	}
-	if _, err := s.leases.Check(ctx, leaseResource(e.id), req.GetFencingToken()); err != nil {
+	if _, err := s.checkLease(ctx, e, req.GetFencingToken()); err != nil {
 		return nil, err
 	}
 	// The lease stays until the hooks ran, so subscribers can still use the

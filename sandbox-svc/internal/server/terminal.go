@@ -117,6 +117,7 @@ func (s *Server) AttachTerminal(stream sandboxv1.SandboxService_AttachTerminalSe
 	if err != nil {
 		return err
 	}
+	defer trackUse(ctx, e, useTerminal, commandLine(open.GetCommand()))()
 	var t *termSession
 	if id := open.GetTerminalId(); id != "" {
 		s.mu.Lock()

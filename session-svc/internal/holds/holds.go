@@ -301,6 +301,18 @@ func (h *Holds) IdleSince(ctx context.Context, session string) (time.Time, bool,
 	}
 }
 
+// Lost says the hold table is new: Redis has no record that this Holds'
+// prefix was in use (the first call on a fresh Redis, or a Redis that
+// restarted without its data, taking every hold and idle time with it).
+// It then records that it is in use, so the next call says false.
+func (h *Holds) Lost(ctx context.Context) (bool, error) {
+	set, err := h.client.SetNX(ctx, h.prefix+"in-use", "1", 0).Result()
+	if err != nil {
+		return false, fmt.Errorf("holds: check the table: %w", err)
+	}
+	return set, nil
+}
+
 // Forget deletes everything kept for the session (its holds and its idle
 // time), e.g. when it is archived.
 func (h *Holds) Forget(ctx context.Context, session string) error {

@@ -190,11 +190,7 @@ func (s *Sessions) session(ctx context.Context, sess *store.Session, detail bool
 		}
 		out.Checkpoints = append(out.Checkpoints, sc)
 	}
-	live, err := s.holds.List(ctx, sess.Name)
-	if err != nil {
-		return nil, holdStoreErr(fmt.Errorf("holds of %s: %w", sess.Name, err))
-	}
-	for _, h := range live {
+	for _, h := range s.m.Holds(ctx, sess) {
 		out.Holds = append(out.Holds, holdProto(h))
 	}
 	if at, err := s.m.SuspendAt(ctx, sess); err == nil && !at.IsZero() {

@@ -34,6 +34,12 @@ func (m *Manager) Run(ctx context.Context, tick <-chan time.Time) error {
 		tick = ticker.C
 	}
 	m.recoverAtStart(ctx)
+	// The hold table as found at start is this process's baseline: only
+	// a loss after it starts a grace (holdsInDoubt).
+	if _, err := m.d.Holds.Lost(ctx); err != nil {
+		m.log.WarnContext(ctx, "hold table not checked", "error", err)
+	}
+	m.adoptJobs(ctx)
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
@@ -84,7 +90,7 @@ func (m *Manager) Sweep(ctx context.Context) {
 			m.log.WarnContext(ctx, "idle clock unreadable", "session", s.Name, "error", err)
 			continue
 		}
-		if !at.IsZero() && !now.Before(at) {
+		if !at.IsZero() && !now.Before(at) && !m.holdsInDoubt(ctx, now) {
 			reason := fmt.Sprintf("idle for %d minutes", m.idleMinutes(s))
 			if _, err := m.Suspend(ctx, s.Name, reason); err != nil {
 				m.log.WarnContext(ctx, "idle suspend failed", "session", s.Name, "error", err)
@@ -92,6 +98,46 @@ func (m *Manager) Sweep(ctx context.Context) {
 			continue
 		}
 		m.periodicCheckpoint(ctx, s, now)
+	}
+	m.adoptJobs(ctx)
+}
+
+// holdGrace is how long the idle clock suspends nothing after the hold
+// table was found lost (Redis restarted without its data): long enough for
+// every holder renewing at least every few minutes (the CLI renews every
+// 20 s; turns and jobs every LeaseTTL/3) to take its hold again, so a
+// session in use is never suspended because Redis forgot it was held.
+const holdGrace = 5 * time.Minute
+
+// holdsInDoubt says an idle suspend must wait: the hold table is new
+// (checked after the holds were read, so a Redis that restarted empty
+// since is caught; a grace starts), it can't be checked, or a grace runs.
+func (m *Manager) holdsInDoubt(ctx context.Context, now time.Time) bool {
+	lost, err := m.d.Holds.Lost(ctx)
+	if err != nil {
+		m.log.WarnContext(ctx, "hold table unreadable: no idle suspends this sweep", "error", err)
+		return true
+	}
+	if lost {
+		until := now.Add(holdGrace)
+		m.mu.Lock()
+		m.holdGraceUntil = until
+		m.mu.Unlock()
+		m.log.WarnContext(ctx, "the hold table is new (Redis restarted without its data): no idle suspends until holders have taken their holds again", "until", until)
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return now.Before(m.holdGraceUntil)
+}
+
+// adoptJobs picks up the unfinished jobs no runner holds.
+func (m *Manager) adoptJobs(ctx context.Context) {
+	m.mu.Lock()
+	js := m.jobs
+	m.mu.Unlock()
+	if js != nil {
+		js.Adopt(ctx)
 	}
 }
 

@@ -28,6 +28,10 @@ type ForkInput struct {
 	Harness string
 	// Names of the forks; <parent>-fork-<i> when empty.
 	Names []string
+	// Branches of the forks, one per name; <parent branch>-fork-<i> when
+	// empty (a job forking the attempts a restart cut off keeps their
+	// numbers).
+	Branches []string
 	// Boot opens each fork (sandbox up, checkpoint restored) when there is
 	// no message.
 	Boot bool
@@ -72,6 +76,8 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 		return nil, fault.InvalidArgument("n", "-n %d is more than HANGAR_FORK_MAX (%d) forks per call", n, max)
 	case len(in.Names) > 0 && len(in.Names) != n:
 		return nil, fault.InvalidArgument("names", "%d names for %d forks: give one --name per fork, or none", len(in.Names), n)
+	case len(in.Branches) > 0 && len(in.Branches) != n:
+		return nil, fault.InvalidArgument("branches", "%d branches for %d forks", len(in.Branches), n)
 	}
 	if in.Harness != "" {
 		if _, err := harness.Lookup(harness.Name(in.Harness)); err != nil {
@@ -158,7 +164,11 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 	created := make([]*store.Session, len(names))
 	errs := make([]error, len(names))
 	create := func(i int) {
-		created[i], errs[i] = m.createFork(ctx, parent, cp, names[i], fmt.Sprintf("%s-fork-%d", parent.Branch, first+i), in)
+		branch := fmt.Sprintf("%s-fork-%d", parent.Branch, first+i)
+		if len(in.Branches) > 0 {
+			branch = in.Branches[i]
+		}
+		created[i], errs[i] = m.createFork(ctx, parent, cp, names[i], branch, in)
 	}
 	// The records are independent: made together, they take about as long
 	// as one. Forks booted together (one restore, copies of it) start

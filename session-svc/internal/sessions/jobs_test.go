@@ -1,18 +1,23 @@
 package sessions_test
 
 import (
+	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/sessions"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
-// A job a stopped process left pending or running is failed at the next
-// start; jobs that had ended keep their outcome.
-func TestJobsFailInterrupted(t *testing.T) {
+// Jobs read back as recorded: a job a stopped process left pending or
+// running stays unfinished (it is picked up again, not failed), and pages
+// and errors are as documented.
+func TestJobsRecords(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -34,26 +39,22 @@ func TestJobsFailInterrupted(t *testing.T) {
 	}
 	m := sessions.New(sessions.Deps{Store: records, Now: now})
 	t.Cleanup(func() { _ = m.Close(t.Context()) })
-	jobs := sessions.NewJobs(m)
-	if err := jobs.FailInterrupted(ctx); err != nil {
-		t.Fatalf("FailInterrupted: %v", err)
-	}
-	for _, tc := range []struct {
-		id, state, error string
-		ended            time.Time
-	}{
-		{"job-pending", sessions.JobFailed, sessions.ReasonJobInterrupted, at},
-		{"job-running", sessions.JobFailed, sessions.ReasonJobInterrupted, at},
-		{"job-delivered", sessions.JobDelivered, "", ended},
+	jobs := sessions.NewJobs(m, nil)
+	for _, tc := range []struct{ id, state string }{
+		{"job-pending", sessions.JobPending},
+		{"job-running", sessions.JobRunning},
+		{"job-delivered", sessions.JobDelivered},
 	} {
-		// Wait returns at once: the job has ended.
-		j, err := jobs.Wait(ctx, tc.id)
+		j, err := jobs.Get(ctx, tc.id)
 		if err != nil {
-			t.Fatalf("Wait %s: %v", tc.id, err)
+			t.Fatalf("Get %s: %v", tc.id, err)
 		}
-		if j.State != tc.state || j.Error != tc.error || j.EndedAt == nil || !j.EndedAt.Equal(tc.ended) {
-			t.Errorf("%s: %s %q ended %v, want %s %q ended %v", tc.id, j.State, j.Error, j.EndedAt, tc.state, tc.error, tc.ended)
+		if j.State != tc.state || (j.EndedAt != nil) != (tc.state == sessions.JobDelivered) {
+			t.Errorf("%s: %s ended %v, want %s", tc.id, j.State, j.EndedAt, tc.state)
 		}
+	}
+	if j, err := jobs.Wait(ctx, "job-delivered"); err != nil || !j.EndedAt.Equal(ended) {
+		t.Errorf("Wait of an ended job = %v, %v", j, err)
 	}
 	page, next, err := jobs.List(ctx, 2, "")
 	if err != nil || len(page) != 2 || page[0].ID != "job-delivered" || next == "" {
@@ -67,5 +68,41 @@ func TestJobsFailInterrupted(t *testing.T) {
 	}
 	if _, _, err := jobs.List(ctx, 2, "!!"); !fault.Is(err, fault.KindInvalidArgument) {
 		t.Errorf("List with a bad token: %v", err)
+	}
+}
+
+// One runner holds a job's claim at a time; a Redis restarted empty lets
+// the first runner to renew take it, and the other then learns it lost it.
+func TestJobClaims(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Skipf("no Redis: %v", err)
+	}
+	prefix := fmt.Sprintf("test:jobclaims:%d:", time.Now().UnixNano())
+	t.Cleanup(func() { rdb.Del(context.Background(), prefix+"job-1") })
+	a, b := sessions.NewJobClaims(rdb, prefix), sessions.NewJobClaims(rdb, prefix)
+	claim := func(c *sessions.JobClaims) bool {
+		t.Helper()
+		ok, err := c.Claim(ctx, "job-1", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !claim(a) || claim(b) || !claim(a) {
+		t.Fatal("a first claim, then a renewal, must win; a second runner must lose")
+	}
+	if err := b.Drop(ctx, "job-1"); err != nil || claim(b) {
+		t.Fatalf("a runner that does not hold the claim dropped it: %v", err)
+	}
+	if err := a.Drop(ctx, "job-1"); err != nil || !claim(b) {
+		t.Fatalf("the claim was not free once dropped: %v", err)
+	}
+	rdb.Del(ctx, prefix+"job-1") // Redis restarted empty
+	if !claim(a) || claim(b) {
+		t.Fatal("after the claim vanished the first to renew must hold it and the other lose it")
 	}
 }

@@ -18,6 +18,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
@@ -86,6 +89,18 @@ type Manager struct {
 	// sandboxes caches the paths of sandboxes this process acquired.
 	sandboxes map[string]*sandboxv1.Sandbox
 
+	// holdGraceUntil: no idle suspends before it (the hold table was
+	// lost; holders are taking their holds again).
+	holdGraceUntil time.Time
+
+	// startedAt is when this Manager was made: a session that changed
+	// state since was changed by this process.
+	startedAt time.Time
+
+	// jobs is the job runner over this Manager, if any: it picks
+	// unfinished jobs up after recovery at start and in every sweep.
+	jobs *Jobs
+
 	// draining is set by Drain: new work is refused.
 	draining atomic.Bool
 
@@ -137,6 +152,7 @@ func New(d Deps) *Manager {
 		leases:     map[string]*leaseKeeper{},
 		sandboxes:  map[string]*sandboxv1.Sandbox{},
 		background: ctx, stop: stop,
+		startedAt: d.Now(),
 	}
 }
 
@@ -227,11 +243,74 @@ func (m *Manager) SuspendAt(ctx context.Context, s *store.Session) (time.Time, e
 	if len(live) > 0 {
 		return time.Time{}, nil
 	}
+	uses, lastUse, err := m.sandboxUses(ctx, s)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if len(uses) > 0 {
+		return time.Time{}, nil
+	}
 	since := s.LastActiveAt
 	if t, ok, err := m.d.Holds.IdleSince(ctx, s.Name); err != nil {
 		return time.Time{}, fmt.Errorf("idle clock of %s: %w", s.Name, err)
 	} else if ok && t.After(since) {
 		since = t
 	}
+	if lastUse.After(since) {
+		since = lastUse
+	}
 	return since.Add(time.Duration(idle) * time.Minute), nil
+}
+
+// sandboxUses are the calls using s's sandbox right now that no hangar
+// service made for itself (an API, MCP or CLI caller's command, terminal,
+// file read or write straight on the sandbox API), and when the last one
+// ended: they hold the session open like holds do. A sandbox that is gone
+// has none.
+func (m *Manager) sandboxUses(ctx context.Context, s *store.Session) ([]*sandboxv1.SandboxUse, time.Time, error) {
+	if s.SandboxID == "" {
+		return nil, time.Time{}, nil
+	}
+	resp, err := m.d.Sandboxes.GetSandbox(ctx, &sandboxv1.GetSandboxRequest{SandboxId: s.SandboxID})
+	if status.Code(err) == codes.NotFound {
+		return nil, time.Time{}, nil
+	}
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("uses of the sandbox of %s: %w", s.Name, err)
+	}
+	sb := resp.GetSandbox()
+	if sb.GetLease().GetHolder() != holder(s.Name) {
+		return nil, time.Time{}, nil
+	}
+	var last time.Time
+	if sb.GetLastUsedAt() != nil {
+		last = sb.GetLastUsedAt().AsTime()
+	}
+	return sb.GetUses(), last, nil
+}
+
+// Holds are what holds s open now: its holds, and the calls using its
+// sandbox straight on the sandbox API (owner sandbox/<kind>, no expiry:
+// they last as long as the call). What can't be read (Redis down) is
+// logged and left out: a session's record is still shown.
+func (m *Manager) Holds(ctx context.Context, s *store.Session) []holds.Hold {
+	live, err := m.d.Holds.List(ctx, s.Name)
+	if err != nil {
+		m.log.WarnContext(ctx, "holds unreadable", "session", s.Name, "error", err)
+	}
+	uses, _, err := m.sandboxUses(ctx, s)
+	if err != nil {
+		m.log.WarnContext(ctx, "sandbox uses unreadable", "session", s.Name, "error", err)
+	}
+	for i, u := range uses {
+		kind := holds.KindCommand
+		if u.GetKind() == "terminal" {
+			kind = holds.KindTerminal
+		}
+		live = append(live, holds.Hold{
+			ID: fmt.Sprintf("sandbox-use-%d", i+1), Session: s.Name, Owner: "sandbox/" + u.GetKind(), Kind: kind,
+			Description: u.GetDescription(), AcquiredAt: u.GetStartedAt().AsTime(),
+		})
+	}
+	return live
 }

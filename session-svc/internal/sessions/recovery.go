@@ -104,6 +104,11 @@ func (m *Manager) recoverSession(ctx context.Context, s *store.Session) (did boo
 		// than any call may take is stuck.
 		return false, nil
 	}
+	if transient && s.State != store.StateRunning && m.cfg.SoleReplica && !s.StateChangedAt.Before(m.startedAt) {
+		// This process is opening or suspending it (no lease is recorded
+		// yet while a sandbox boots): only a previous process's is stuck.
+		return false, nil
+	}
 	var sb *sandboxv1.Sandbox
 	if s.SandboxID != "" {
 		resp, err := m.d.Sandboxes.GetSandbox(ctx, &sandboxv1.GetSandboxRequest{SandboxId: s.SandboxID})
@@ -213,6 +218,7 @@ func (m *Manager) endOrphanedTurns(ctx context.Context, name string) error {
 		if err != nil {
 			return fmt.Errorf("end turn %d: %w", t.Number, err)
 		}
+		m.events.publish(name)
 		m.appendStoreEvents(ctx, name, []store.Event{{Turn: t.Number, Kind: store.EventError, Text: "turn " + fmt.Sprint(t.Number) + " interrupted: " + reasonTurnOrphaned}})
 	}
 	return nil

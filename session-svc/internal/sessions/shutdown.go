@@ -18,6 +18,9 @@ var errShutdown = errors.New("hangar is shutting down")
 // reasonShutdown is the state reason of a session suspended by a shutdown.
 const reasonShutdown = "hangar shut down: checkpointed and suspended; the next message resumes it"
 
+// reasonTurnShutdown is the outcome reason of a turn a drain ended.
+const reasonTurnShutdown = "hangar shut down during the turn: the work so far is checkpointed; send again to continue"
+
 // drainParallel bounds the sessions suspended at once while draining: each
 // suspend is a checkpoint (a git probe and writes) and a sandbox release.
 const drainParallel = 4

@@ -22,6 +22,7 @@ import (
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
+	"github.com/hangar-dev/hangar/session-svc/internal/holds"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
@@ -297,7 +298,7 @@ func (m *Manager) runTurn(ctx context.Context, name string, number int, in TurnI
 	if err != nil {
 		log.WarnContext(ctx, "turn hold not taken", "error", err)
 	} else {
-		stopHold := m.renewHold(ctx, name, hold.ID)
+		stopHold := m.renewHold(ctx, hold)
 		defer stopHold()
 	}
 
@@ -309,10 +310,12 @@ func (m *Manager) runTurn(ctx context.Context, name string, number int, in TurnI
 }
 
 // renewHold keeps a hold alive until the returned function is called, which
-// also releases it.
-func (m *Manager) renewHold(ctx context.Context, name, id string) func() {
+// also releases it. A hold that vanished before its expiry (a Redis
+// restarted empty) is taken again.
+func (m *Manager) renewHold(ctx context.Context, hold holds.Hold) func() {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	name, id := hold.Session, hold.ID
 	go func() {
 		defer close(done)
 		defer logging.Recover(ctx, m.log, "hold renewal")
@@ -323,9 +326,17 @@ func (m *Manager) renewHold(ctx context.Context, name, id string) func() {
 			case <-ctx.Done():
 				return
 			case <-ticker.C:
-				if _, err := m.d.Holds.Renew(ctx, name, id, m.cfg.LeaseTTL); err != nil && ctx.Err() == nil {
-					m.log.WarnContext(ctx, "hold renewal failed", "session", name, "hold", id, "error", err)
+			}
+			_, err := m.d.Holds.Renew(ctx, name, id, m.cfg.LeaseTTL)
+			if errors.Is(err, holds.ErrNotFound) {
+				var again holds.Hold
+				if again, err = m.d.Holds.Acquire(ctx, name, hold.Owner, hold.Kind, hold.Description, m.cfg.LeaseTTL); err == nil {
+					m.log.WarnContext(ctx, "hold taken again: it had vanished", "session", name, "kind", hold.Kind)
+					id = again.ID
 				}
+			}
+			if err != nil && ctx.Err() == nil {
+				m.log.WarnContext(ctx, "hold renewal failed", "session", name, "hold", id, "error", err)
 			}
 		}
 	}()
@@ -342,6 +353,13 @@ func (m *Manager) renewHold(ctx context.Context, name, id string) func() {
 // final (finishTurn does).
 func (m *Manager) executeTurn(ctx context.Context, name string, number int, in TurnInput, at *activeTurn) turnResult {
 	failed := func(reason string, err error) turnResult {
+		switch {
+		case errors.Is(context.Cause(ctx), errShutdown):
+			// Stopped before the agent ran: a shutdown, not a failure.
+			return turnResult{outcome: "interrupted", reason: reasonTurnShutdown}
+		case errors.Is(context.Cause(ctx), errInterrupted):
+			return turnResult{outcome: "interrupted", reason: "interrupted"}
+		}
 		m.log.WarnContext(ctx, "turn failed", "session", name, "turn", number, "reason", reason, "error", err)
 		return turnResult{outcome: "failed", reason: reason}
 	}
@@ -505,7 +523,7 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	case errors.Is(context.Cause(ctx), errInterrupted):
 		res.outcome, res.reason = "interrupted", "interrupted"
 	case errors.Is(context.Cause(ctx), errShutdown):
-		res.outcome, res.reason = "interrupted", "hangar shut down during the turn: the work so far is checkpointed; send again to continue"
+		res.outcome, res.reason = "interrupted", reasonTurnShutdown
 	case errors.Is(execCtx.Err(), context.DeadlineExceeded):
 		res.outcome, res.reason = "failed", limitReason
 		if turn.Budget.MaxMinutes > 0 {
@@ -533,6 +551,12 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	default:
 		res.outcome = "completed"
 	}
+	if forkFrom != "" && res.outcome == "interrupted" {
+		// A CLI stopped in the middle of forking a conversation has not
+		// written the fork yet (Claude Code writes it at the end): the
+		// next turn forks the parent's conversation again.
+		res.conversationID = ""
+	}
 	if err := m.collectArtifacts(context.WithoutCancel(ctx), s, sb, number); err != nil {
 		res.warnings = append(res.warnings, "artifacts could not be collected")
 		m.log.WarnContext(ctx, "artifacts not collected", "session", name, "turn", number, "error", err)
@@ -543,7 +567,13 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 // finishTurn records a turn's end: its outcome and usage, a checkpoint, the
 // conversation id, and the session's next state.
 func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string, number int, res turnResult) {
-	s, err := m.get(ctx, name)
+	// A database that is down (a restart, a failover) is waited for: the
+	// turn's end is recorded once it is back, within ctx.
+	var s *store.Session
+	err := m.retryStore(ctx, log, func() (err error) {
+		s, err = m.get(ctx, name)
+		return err
+	})
 	if err != nil {
 		log.WarnContext(ctx, "turn end not recorded", "error", err)
 		return
@@ -606,7 +636,10 @@ func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string,
 		// what the checkpoint kept is what there is.
 		next = store.StateSuspended
 	}
-	if _, err := m.transition(ctx, name, next, "turn "+res.outcome, from...); err != nil {
+	if err := m.retryStore(ctx, log, func() error {
+		_, err := m.transition(ctx, name, next, "turn "+res.outcome, from...)
+		return err
+	}); err != nil {
 		log.WarnContext(ctx, "session state after turn not recorded", "error", err)
 	}
 	// The turn's end is recorded last: whoever waits for it finds the
@@ -617,7 +650,18 @@ func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string,
 		delete(m.turns, name)
 	}
 	m.mu.Unlock()
-	_, err = m.d.Store.UpdateTurn(ctx, name, number, func(t *store.Turn) error {
+	err = m.retryStore(ctx, log, func() error {
+		_, err := m.d.Store.UpdateTurn(ctx, name, number, m.endTurn(res, checkpointID))
+		return err
+	})
+	if err != nil {
+		log.WarnContext(ctx, "turn outcome not recorded", "error", err)
+	}
+}
+
+// endTurn records res on a turn.
+func (m *Manager) endTurn(res turnResult, checkpointID string) func(t *store.Turn) error {
+	return func(t *store.Turn) error {
 		t.Outcome, t.OutcomeReason, t.Result = res.outcome, res.reason, res.text
 		t.StructuredResultJSON = res.structured
 		t.Summary = summarize(res.text)
@@ -630,9 +674,35 @@ func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string,
 			t.Command = res.command
 		}
 		return nil
-	})
-	if err != nil {
-		log.WarnContext(ctx, "turn outcome not recorded", "error", err)
+	}
+}
+
+// retryStore runs f until it succeeds, fails for a reason other than the
+// database being unreachable (a hangar error: not found, a state
+// conflict), or ctx ends. It backs off up to 5 s between tries.
+func (m *Manager) retryStore(ctx context.Context, log *slog.Logger, f func() error) error {
+	delay := 100 * time.Millisecond
+	warned := false
+	for {
+		err := f()
+		var he *fault.Error
+		if err == nil || errors.As(err, &he) || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrConflict) || ctx.Err() != nil {
+			return err
+		}
+		if m.d.Store.Ping(ctx) == nil {
+			// The database answers: the error was f's own.
+			return err
+		}
+		if !warned {
+			log.WarnContext(ctx, "session database unreachable: waiting for it to record the turn's end", "error", err)
+			warned = true
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
 	}
 }
 

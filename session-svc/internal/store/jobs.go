@@ -37,6 +37,8 @@ type attemptJSON struct {
 	Score         *float64  `json:"score,omitempty"`
 	CheckOutput   string    `json:"check_output,omitempty"`
 	Usage         usageJSON `json:"usage"`
+	Checked       bool      `json:"checked,omitempty"`
+	Resends       int       `json:"resends,omitempty"`
 }
 
 // jobArgs are the values of jobColumns, in order.
@@ -54,7 +56,7 @@ func jobArgs(j *Job) ([]any, error) {
 		u := a.Usage
 		stored[i] = attemptJSON{
 			Session: a.Session, Branch: a.Branch, Outcome: a.Outcome, CheckExitCode: a.CheckExitCode,
-			Score: a.Score, CheckOutput: a.CheckOutput,
+			Score: a.Score, CheckOutput: a.CheckOutput, Checked: a.Checked, Resends: a.Resends,
 			Usage: usageJSON{
 				InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CacheReadTokens: u.CacheReadTokens,
 				CacheWriteTokens: u.CacheWriteTokens, CostUSD: u.CostUSD, ModelCalls: u.ModelCalls,
@@ -100,7 +102,7 @@ func scanJob(row rowScanner) (*Job, error) {
 		u := a.Usage
 		j.Attempts = append(j.Attempts, Attempt{
 			Session: a.Session, Branch: a.Branch, Outcome: a.Outcome, CheckExitCode: a.CheckExitCode,
-			Score: a.Score, CheckOutput: a.CheckOutput,
+			Score: a.Score, CheckOutput: a.CheckOutput, Checked: a.Checked, Resends: a.Resends,
 			Usage: Usage{
 				InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, CacheReadTokens: u.CacheReadTokens,
 				CacheWriteTokens: u.CacheWriteTokens, CostUSD: u.CostUSD, ModelCalls: u.ModelCalls,
@@ -243,27 +245,24 @@ func (s *Store) ListJobs(ctx context.Context, limit int, pageToken string) ([]*J
 	return out, next, nil
 }
 
-// FailUnfinishedJobs ends every pending or running job as failed with
-// reason as its Error and now as its EndedAt, and returns their ids. It is
-// for a runner starting up: jobs run in the process that created them, so
-// the ones still unfinished were cut off when it stopped.
-func (s *Store) FailUnfinishedJobs(ctx context.Context, reason string) ([]string, error) {
-	rows, err := s.w.QueryContext(ctx, s.q(`UPDATE jobs SET state = ?, error = ?, ended_at = ?
-		WHERE state IN (?, ?) RETURNING id`), JobFailed, reason, toNanos(s.now()), JobPending, JobRunning)
+// ListUnfinishedJobs returns the jobs still pending or running, oldest
+// first: the ones a runner may pick up (after claiming them).
+func (s *Store) ListUnfinishedJobs(ctx context.Context) ([]*Job, error) {
+	rows, err := s.r.QueryContext(ctx, s.q(`SELECT `+jobColumns+` FROM jobs WHERE state IN (?, ?) ORDER BY created_at, id`), JobPending, JobRunning)
 	if err != nil {
-		return nil, fmt.Errorf("store: fail unfinished jobs: %w", err)
+		return nil, fmt.Errorf("store: list unfinished jobs: %w", err)
 	}
 	defer rows.Close()
-	var ids []string
+	var out []*Job
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("store: fail unfinished jobs: %w", err)
+		j, err := scanJob(rows)
+		if err != nil {
+			return nil, fmt.Errorf("store: list unfinished jobs: %w", err)
 		}
-		ids = append(ids, id)
+		out = append(out, j)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: fail unfinished jobs: %w", err)
+		return nil, fmt.Errorf("store: list unfinished jobs: %w", err)
 	}
-	return ids, nil
+	return out, nil
 }

@@ -219,4 +219,10 @@ type Attempt struct {
 	Score       *float64
 	CheckOutput string
 	Usage       Usage
+	// Checked says the attempt is done (its turn ended and, if it
+	// completed, the check ran): a job picked up again skips it.
+	Checked bool
+	// Resends counts the times its turn was sent again because the
+	// control plane stopped while it ran.
+	Resends int
 }

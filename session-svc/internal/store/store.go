@@ -181,6 +181,14 @@ func (s *Store) openPostgres(ctx context.Context, url, schema string) error {
 }
 
 // Close closes the database.
+// Ping checks the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.w.PingContext(ctx); err != nil {
+		return fmt.Errorf("store: ping: %w", err)
+	}
+	return nil
+}
+
 func (s *Store) Close() error {
 	err := s.w.Close()
 	if s.r != s.w {

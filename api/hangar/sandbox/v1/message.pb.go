@@ -473,8 +473,13 @@ type Sandbox struct {
 	// Whether it came from the warm pool.
 	FromPool bool `protobuf:"varint,8,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
 	// The commit the work tree was created at.
-	BaseCommit    string `protobuf:"bytes,9,opt,name=base_commit,json=baseCommit,proto3" json:"base_commit,omitempty"`
-	Driver        string `protobuf:"bytes,10,opt,name=driver,proto3" json:"driver,omitempty"`
+	BaseCommit string `protobuf:"bytes,9,opt,name=base_commit,json=baseCommit,proto3" json:"base_commit,omitempty"`
+	Driver     string `protobuf:"bytes,10,opt,name=driver,proto3" json:"driver,omitempty"`
+	// The calls using the sandbox right now that no hangar service made for
+	// its own work (see SandboxUse).
+	Uses []*SandboxUse `protobuf:"bytes,11,rep,name=uses,proto3" json:"uses,omitempty"`
+	// When the last such call ended; unset when none has.
+	LastUsedAt    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -579,6 +584,89 @@ func (x *Sandbox) GetDriver() string {
 	return ""
 }
 
+func (x *Sandbox) GetUses() []*SandboxUse {
+	if x != nil {
+		return x.Uses
+	}
+	return nil
+}
+
+func (x *Sandbox) GetLastUsedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastUsedAt
+	}
+	return nil
+}
+
+// SandboxUse is a call using a sandbox right now: a command (Exec), an
+// attached terminal (AttachTerminal), a file read or write (ReadFile,
+// WriteFile) by an API, MCP or CLI caller. The session service keeps the
+// sandbox's session open while there is one, and counts its idle time from
+// the last one's end. Calls a hangar service makes for its own work (a
+// turn, a checkpoint) carry the metadata key x-hangar-service-call and are
+// not uses (api/sandboxexec.ServiceCallDialOptions).
+type SandboxUse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// exec, terminal, read_file or write_file.
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The command, or the path.
+	Description   string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxUse) Reset() {
+	*x = SandboxUse{}
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxUse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxUse) ProtoMessage() {}
+
+func (x *SandboxUse) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxUse.ProtoReflect.Descriptor instead.
+func (*SandboxUse) Descriptor() ([]byte, []int) {
+	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SandboxUse) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *SandboxUse) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *SandboxUse) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
 // Lease is the right to use a sandbox, kept alive by heartbeat.
 type Lease struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -599,7 +687,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[3]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +699,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[3]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +712,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{3}
+	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Lease) GetSandboxId() string {
@@ -679,7 +767,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[4]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -691,7 +779,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[4]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -704,7 +792,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{4}
+	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Pool) GetEnvironment() string {
@@ -767,7 +855,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[5]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +867,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[5]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +880,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{5}
+	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -858,7 +946,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[6]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +958,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[6]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +971,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{6}
+	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -949,7 +1037,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[7]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1049,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[7]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -974,7 +1062,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{7}
+	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -1017,7 +1105,7 @@ type DestroyNotice struct {
 
 func (x *DestroyNotice) Reset() {
 	*x = DestroyNotice{}
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[8]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1117,7 @@ func (x *DestroyNotice) String() string {
 func (*DestroyNotice) ProtoMessage() {}
 
 func (x *DestroyNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[8]
+	mi := &file_hangar_sandbox_v1_message_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1130,7 @@ func (x *DestroyNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyNotice.ProtoReflect.Descriptor instead.
 func (*DestroyNotice) Descriptor() ([]byte, []int) {
-	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{8}
+	return file_hangar_sandbox_v1_message_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DestroyNotice) GetNoticeId() string {
@@ -1123,7 +1211,7 @@ const file_hangar_sandbox_v1_message_proto_rawDesc = "" +
 	"\n" +
 	"cpu_millis\x18\x01 \x01(\x05R\tcpuMillis\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x05R\bmemoryMb\x12\x17\n" +
-	"\adisk_gb\x18\x03 \x01(\x05R\x06diskGb\"\xe9\x02\n" +
+	"\adisk_gb\x18\x03 \x01(\x05R\x06diskGb\"\xda\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12 \n" +
 	"\venvironment\x18\x02 \x01(\tR\venvironment\x125\n" +
@@ -1137,7 +1225,16 @@ const file_hangar_sandbox_v1_message_proto_rawDesc = "" +
 	"\vbase_commit\x18\t \x01(\tR\n" +
 	"baseCommit\x12\x16\n" +
 	"\x06driver\x18\n" +
-	" \x01(\tR\x06driver\"\xbf\x01\n" +
+	" \x01(\tR\x06driver\x121\n" +
+	"\x04uses\x18\v \x03(\v2\x1d.hangar.sandbox.v1.SandboxUseR\x04uses\x12<\n" +
+	"\flast_used_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"lastUsedAt\"}\n" +
+	"\n" +
+	"SandboxUse\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x129\n" +
+	"\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xbf\x01\n" +
 	"\x05Lease\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
@@ -1228,7 +1325,7 @@ func file_hangar_sandbox_v1_message_proto_rawDescGZIP() []byte {
 }
 
 var file_hangar_sandbox_v1_message_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_hangar_sandbox_v1_message_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_hangar_sandbox_v1_message_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_hangar_sandbox_v1_message_proto_goTypes = []any{
 	(Egress)(0),                   // 0: hangar.sandbox.v1.Egress
 	(SandboxState)(0),             // 1: hangar.sandbox.v1.SandboxState
@@ -1237,35 +1334,39 @@ var file_hangar_sandbox_v1_message_proto_goTypes = []any{
 	(*Environment)(nil),           // 4: hangar.sandbox.v1.Environment
 	(*Resources)(nil),             // 5: hangar.sandbox.v1.Resources
 	(*Sandbox)(nil),               // 6: hangar.sandbox.v1.Sandbox
-	(*Lease)(nil),                 // 7: hangar.sandbox.v1.Lease
-	(*Pool)(nil),                  // 8: hangar.sandbox.v1.Pool
-	(*FileInfo)(nil),              // 9: hangar.sandbox.v1.FileInfo
-	(*ExecStart)(nil),             // 10: hangar.sandbox.v1.ExecStart
-	(*ExecExit)(nil),              // 11: hangar.sandbox.v1.ExecExit
-	(*DestroyNotice)(nil),         // 12: hangar.sandbox.v1.DestroyNotice
-	nil,                           // 13: hangar.sandbox.v1.Environment.EnvEntry
-	nil,                           // 14: hangar.sandbox.v1.ExecStart.EnvEntry
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*SandboxUse)(nil),            // 7: hangar.sandbox.v1.SandboxUse
+	(*Lease)(nil),                 // 8: hangar.sandbox.v1.Lease
+	(*Pool)(nil),                  // 9: hangar.sandbox.v1.Pool
+	(*FileInfo)(nil),              // 10: hangar.sandbox.v1.FileInfo
+	(*ExecStart)(nil),             // 11: hangar.sandbox.v1.ExecStart
+	(*ExecExit)(nil),              // 12: hangar.sandbox.v1.ExecExit
+	(*DestroyNotice)(nil),         // 13: hangar.sandbox.v1.DestroyNotice
+	nil,                           // 14: hangar.sandbox.v1.Environment.EnvEntry
+	nil,                           // 15: hangar.sandbox.v1.ExecStart.EnvEntry
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
 }
 var file_hangar_sandbox_v1_message_proto_depIdxs = []int32{
-	13, // 0: hangar.sandbox.v1.Environment.env:type_name -> hangar.sandbox.v1.Environment.EnvEntry
+	14, // 0: hangar.sandbox.v1.Environment.env:type_name -> hangar.sandbox.v1.Environment.EnvEntry
 	0,  // 1: hangar.sandbox.v1.Environment.egress:type_name -> hangar.sandbox.v1.Egress
 	5,  // 2: hangar.sandbox.v1.Environment.resources:type_name -> hangar.sandbox.v1.Resources
-	15, // 3: hangar.sandbox.v1.Environment.updated_at:type_name -> google.protobuf.Timestamp
+	16, // 3: hangar.sandbox.v1.Environment.updated_at:type_name -> google.protobuf.Timestamp
 	1,  // 4: hangar.sandbox.v1.Sandbox.state:type_name -> hangar.sandbox.v1.SandboxState
-	7,  // 5: hangar.sandbox.v1.Sandbox.lease:type_name -> hangar.sandbox.v1.Lease
-	15, // 6: hangar.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	15, // 7: hangar.sandbox.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	3,  // 8: hangar.sandbox.v1.FileInfo.type:type_name -> hangar.sandbox.v1.FileType
-	15, // 9: hangar.sandbox.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	14, // 10: hangar.sandbox.v1.ExecStart.env:type_name -> hangar.sandbox.v1.ExecStart.EnvEntry
-	2,  // 11: hangar.sandbox.v1.DestroyNotice.reason:type_name -> hangar.sandbox.v1.DestroyReason
-	15, // 12: hangar.sandbox.v1.DestroyNotice.deadline:type_name -> google.protobuf.Timestamp
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	8,  // 5: hangar.sandbox.v1.Sandbox.lease:type_name -> hangar.sandbox.v1.Lease
+	16, // 6: hangar.sandbox.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	7,  // 7: hangar.sandbox.v1.Sandbox.uses:type_name -> hangar.sandbox.v1.SandboxUse
+	16, // 8: hangar.sandbox.v1.Sandbox.last_used_at:type_name -> google.protobuf.Timestamp
+	16, // 9: hangar.sandbox.v1.SandboxUse.started_at:type_name -> google.protobuf.Timestamp
+	16, // 10: hangar.sandbox.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 11: hangar.sandbox.v1.FileInfo.type:type_name -> hangar.sandbox.v1.FileType
+	16, // 12: hangar.sandbox.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	15, // 13: hangar.sandbox.v1.ExecStart.env:type_name -> hangar.sandbox.v1.ExecStart.EnvEntry
+	2,  // 14: hangar.sandbox.v1.DestroyNotice.reason:type_name -> hangar.sandbox.v1.DestroyReason
+	16, // 15: hangar.sandbox.v1.DestroyNotice.deadline:type_name -> google.protobuf.Timestamp
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_hangar_sandbox_v1_message_proto_init() }
@@ -1279,7 +1380,7 @@ func file_hangar_sandbox_v1_message_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hangar_sandbox_v1_message_proto_rawDesc), len(file_hangar_sandbox_v1_message_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
