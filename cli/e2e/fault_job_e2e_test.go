@@ -26,8 +26,9 @@ func TestFaultKillMidJob(t *testing.T) {
 		t.Skip("HANGAR_HARNESS_DIR is unset: run .ci/install-harnesses and set it to use the real agent CLIs")
 	}
 	root := t.TempDir()
-	release := filepath.Join(root, "release")
-	slow := fmt.Sprintf(`touch waiting.flag; while [ ! -e %q ]; do sleep 0.05; done; echo slow-done`, release)
+	// The slow task waits for release.flag in its work tree (an isolated
+	// sandbox sees nothing of the test's files).
+	const slow = `touch waiting.flag; while [ ! -e release.flag ]; do sleep 0.05; done; echo slow-done`
 	script := scripted.Script{
 		Rules: append(append([]scripted.Rule{
 			{Name: "done", LastIsToolResult: scripted.Bool(true), Answer: scripted.Answer{Text: "Done with the task."}},
@@ -74,7 +75,6 @@ func TestFaultKillMidJob(t *testing.T) {
 	ctx := context.Background()
 	delivered := 0
 	for i, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
-		_ = os.Remove(release)
 		parent := fmt.Sprintf("killjob-%d", i)
 		if _, err := h.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
 			Name: parent, Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Please do the first task.",
@@ -120,9 +120,7 @@ func TestFaultKillMidJob(t *testing.T) {
 		if job, err := h.jobs.GetJob(ctx, &sessionv1.GetJobRequest{Id: id}); err != nil || job.GetJob().GetState() == sessionv1.JobState_JOB_STATE_FAILED {
 			t.Fatalf("%s after %v: %v, %v", id, sig, job.GetJob(), err)
 		}
-		if err := os.WriteFile(release, nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		stopReleasing := releaseSlowTasks(t, &h.stack)
 		var job *sessionv1.Job
 		deadline = time.Now().Add(5 * time.Minute)
 		for ; ; <-time.After(100 * time.Millisecond) {
@@ -131,6 +129,7 @@ func TestFaultKillMidJob(t *testing.T) {
 				t.Fatal(err)
 			}
 			if job = resp.GetJob(); job.GetEndedAt() != nil {
+				stopReleasing()
 				break
 			}
 			if time.Now().After(deadline) {

@@ -53,15 +53,17 @@ func forkScript() scripted.Script {
 	return scripted.Script{Rules: rules, Default: &scripted.Answer{Text: "OK."}}
 }
 
-// releaseSlowTasks ends every slow task from now on: until the test ends,
+// releaseSlowTasks ends every slow task from now on: until stop or the
+// test's end,
 // release.flag is put in the work tree of every leased sandbox (an
 // isolated sandbox sees nothing of the test's own files, and a turn sent
 // again after a restart starts its task later).
-func releaseSlowTasks(t testing.TB, s *stack) {
+func releaseSlowTasks(t testing.TB, s *stack) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
@@ -78,6 +80,7 @@ func releaseSlowTasks(t testing.TB, s *stack) {
 			}
 		}
 	}()
+	return stop
 }
 
 // forkStack is hangar with the scripted upstream and the real CLIs.

@@ -13,10 +13,21 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 
 	"github.com/hangar-dev/hangar/session-svc/internal/holds"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
+
+// unusedSandboxes answers that no call uses a sandbox: these schedules are
+// of holds alone (calls in use are sandbox-svc's, tested with it).
+type unusedSandboxes struct{ sandboxv1.SandboxServiceClient }
+
+func (unusedSandboxes) GetSandbox(context.Context, *sandboxv1.GetSandboxRequest, ...grpc.CallOption) (*sandboxv1.GetSandboxResponse, error) {
+	return &sandboxv1.GetSandboxResponse{Sandbox: &sandboxv1.Sandbox{Id: "sb"}}, nil
+}
 
 // raceClock is the injected clock of the idle race schedules.
 type raceClock struct {
@@ -72,7 +83,7 @@ func TestIdleClockNeverSuspendsAHeldSession(t *testing.T) {
 	clock := &raceClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
 	h := holds.New(client, prefix, clock.Now)
 	const idle = 30
-	m := New(Deps{Holds: h, Now: clock.Now, Config: Config{IdleMinutes: idle}})
+	m := New(Deps{Holds: h, Sandboxes: unusedSandboxes{}, Now: clock.Now, Config: Config{IdleMinutes: idle}})
 	rng := mathrand.New(mathrand.NewPCG(12, 2026))
 
 	var held, due, suspendedWhileHeld, missed int
