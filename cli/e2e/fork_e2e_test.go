@@ -55,7 +55,7 @@ func forkScript() scripted.Script {
 
 // releaseSlowTasks ends every slow task from now on: until stop or the
 // test's end,
-// release.flag is put in the work tree of every leased sandbox (an
+// release.flag is put in the work tree of every session running a turn (an
 // isolated sandbox sees nothing of the test's own files, and a turn sent
 // again after a restart starts its task later).
 func releaseSlowTasks(t testing.TB, s *stack) (stop func()) {
@@ -67,10 +67,12 @@ func releaseSlowTasks(t testing.TB, s *stack) (stop func()) {
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
-			if list, err := s.sandboxes.ListSandboxes(ctx, &sandboxv1.ListSandboxesRequest{}); err == nil {
-				for _, sb := range list.GetSandboxes() {
-					if sb.GetLease() != nil {
-						_, _ = sandboxexec.New(s.sandboxes).Exec(ctx, sb.GetId(), 0, []string{"touch", "release.flag"}, nil, "", nil, io.Discard, io.Discard)
+			// Only sessions running a turn: a sandbox being restored or
+			// copied must not get a file its checkpoint lacks.
+			if list, err := s.sessions.ListSessions(ctx, &sessionv1.ListSessionsRequest{States: []sessionv1.SessionState{sessionv1.SessionState_SESSION_STATE_RUNNING}, PageSize: 100}); err == nil {
+				for _, sess := range list.GetSessions() {
+					if sess.GetState() == sessionv1.SessionState_SESSION_STATE_RUNNING && sess.GetSandboxId() != "" {
+						_, _ = sandboxexec.New(s.sandboxes).Exec(ctx, sess.GetSandboxId(), 0, []string{"touch", "release.flag"}, nil, "", nil, io.Discard, io.Discard)
 					}
 				}
 			}
@@ -514,11 +516,6 @@ func TestBestOfNRestart(t *testing.T) {
 	if !strings.HasSuffix(job.GetWinner(), "-2") || job.GetBranch() != "hangar/session/bonr-fork-2" {
 		t.Errorf("delivered %q on %q", job.GetWinner(), job.GetBranch())
 	}
-	// Every attempt was interrupted by the restart and sent again; at least
-	// one of the re-sent turns must complete (the job delivered). A re-sent
-	// turn was seen failing once in five runs (cause open, see the session
-	// note): logged, not failed on, until it is understood.
-	resentCompleted := 0
 	for _, name := range attempts {
 		var outcomes []sessionv1.TurnOutcome
 		var reasons []string
@@ -528,18 +525,10 @@ func TestBestOfNRestart(t *testing.T) {
 				reasons = append(reasons, turn.GetOutcomeReason())
 			}
 		}
-		if len(outcomes) == 0 || outcomes[0] != sessionv1.TurnOutcome_TURN_OUTCOME_INTERRUPTED || len(outcomes) != 2 {
-			t.Errorf("%s's own turns ended %v %q, want interrupted by the restart, then sent again", name, outcomes, reasons)
-			continue
+		want := []sessionv1.TurnOutcome{sessionv1.TurnOutcome_TURN_OUTCOME_INTERRUPTED, sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED}
+		if !slices.Equal(outcomes, want) {
+			t.Errorf("%s's own turns ended %v %q, want %v (interrupted by the restart, then sent again)", name, outcomes, reasons, want)
 		}
-		if outcomes[1] == sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
-			resentCompleted++
-		} else {
-			t.Logf("KNOWN ISSUE: %s's re-sent turn ended %v (%s)", name, outcomes[1], reasons[1])
-		}
-	}
-	if resentCompleted == 0 {
-		t.Errorf("no attempt's re-sent turn completed")
 	}
 	for _, name := range append([]string{"bonr"}, attempts...) {
 		if jobHeld(name) {
