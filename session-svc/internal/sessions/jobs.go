@@ -307,47 +307,31 @@ func (r *jobRun) owner() string { return "job/" + r.id }
 // called; a lost claim stops the run.
 func (r *jobRun) keepAlive(cancel context.CancelCauseFunc) func() {
 	m := r.js.m
-	ctx, stop := context.WithCancel(r.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer logging.Recover(ctx, m.log, "job renewal")
-		ticker := time.NewTicker(m.cfg.LeaseTTL / 3)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-ctx.Done():
+	// A lost claim cancels the run, whose context ends the heartbeat.
+	return m.heartbeat(r.ctx, "job renewal", func(ctx context.Context) {
+		if c := r.js.claims; c != nil {
+			ok, err := c.Claim(ctx, r.id, r.js.claimTTL())
+			switch {
+			case err != nil && ctx.Err() == nil:
+				m.log.WarnContext(ctx, "job claim not renewed", "job", r.id, "error", err)
+			case err == nil && !ok:
+				m.log.WarnContext(ctx, "job claimed by another runner: stopping here", "job", r.id)
+				cancel(errJobClaimLost)
 				return
-			case <-ticker.C:
-			}
-			if c := r.js.claims; c != nil {
-				ok, err := c.Claim(ctx, r.id, r.js.claimTTL())
-				switch {
-				case err != nil && ctx.Err() == nil:
-					m.log.WarnContext(ctx, "job claim not renewed", "job", r.id, "error", err)
-				case err == nil && !ok:
-					m.log.WarnContext(ctx, "job claimed by another runner: stopping here", "job", r.id)
-					cancel(errJobClaimLost)
-					return
-				}
-			}
-			r.mu.Lock()
-			held := maps.Clone(r.holds)
-			r.mu.Unlock()
-			for session, id := range held {
-				if _, err := m.d.Holds.Renew(ctx, session, id, jobHoldTTL); errors.Is(err, holds.ErrNotFound) {
-					// It lapsed (a Redis restarted empty): take it again.
-					r.hold(ctx, session)
-				} else if err != nil && ctx.Err() == nil {
-					m.log.WarnContext(ctx, "job hold not renewed", "job", r.id, "session", session, "error", err)
-				}
 			}
 		}
-	}()
-	return func() {
-		stop()
-		<-done
-	}
+		r.mu.Lock()
+		held := maps.Clone(r.holds)
+		r.mu.Unlock()
+		for session, id := range held {
+			if _, err := m.d.Holds.Renew(ctx, session, id, jobHoldTTL); errors.Is(err, holds.ErrNotFound) {
+				// It lapsed (a Redis restarted empty): take it again.
+				r.hold(ctx, session)
+			} else if err != nil && ctx.Err() == nil {
+				m.log.WarnContext(ctx, "job hold not renewed", "job", r.id, "session", session, "error", err)
+			}
+		}
+	})
 }
 
 // hold holds session for the job: the job's hold from an earlier run when

@@ -26,6 +26,7 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/platform/blob"
 	"github.com/hangar-dev/hangar/platform/fault"
+	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
 	"github.com/hangar-dev/hangar/session-svc/internal/holds"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
@@ -313,4 +314,30 @@ func (m *Manager) Holds(ctx context.Context, s *store.Session) []holds.Hold {
 		})
 	}
 	return live
+}
+
+// heartbeat calls beat every LeaseTTL/3 on a goroutine of its own (a panic
+// in it is logged) until ctx ends or the returned stop is called; stop
+// waits for the goroutine. Leases, holds and job claims all renew this way.
+func (m *Manager) heartbeat(ctx context.Context, what string, beat func(ctx context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer logging.Recover(ctx, m.log, what)
+		ticker := time.NewTicker(m.cfg.LeaseTTL / 3)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+				beat(ctx)
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }

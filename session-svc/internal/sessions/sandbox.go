@@ -13,7 +13,6 @@ import (
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/sandboxtool"
-	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
 
@@ -26,41 +25,28 @@ func sessionOfHolder(h string) (string, bool) { return strings.CutPrefix(h, "ses
 
 // leaseKeeper renews a sandbox lease until stopped.
 type leaseKeeper struct {
-	cancel context.CancelFunc
-	done   chan struct{}
+	stop func()
 }
 
 // keepLease starts renewing the lease of s's sandbox.
 func (m *Manager) keepLease(name, sandboxID string, token uint64) {
-	ctx, cancel := context.WithCancel(m.background)
-	k := &leaseKeeper{cancel: cancel, done: make(chan struct{})}
-	m.mu.Lock()
-	if old := m.leases[name]; old != nil {
-		old.cancel()
-	}
-	m.leases[name] = k
-	m.mu.Unlock()
-	go func() {
-		defer close(k.done)
-		defer logging.Recover(ctx, m.log, "lease renewal")
-		ticker := time.NewTicker(m.cfg.LeaseTTL / 3)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-			}
-			_, err := m.d.Sandboxes.RenewLease(ctx, &sandboxv1.RenewLeaseRequest{
-				SandboxId: sandboxID, FencingToken: token, TtlSeconds: int32(m.cfg.LeaseTTL / time.Second),
-			})
-			if err != nil && ctx.Err() == nil {
-				// A lost lease ends in a destroy notice, which checkpoints
-				// the session first; nothing more to do here.
-				m.log.WarnContext(ctx, "sandbox lease renewal failed", "session", name, "sandbox", sandboxID, "error", err)
-			}
+	stop := m.heartbeat(m.background, "lease renewal", func(ctx context.Context) {
+		_, err := m.d.Sandboxes.RenewLease(ctx, &sandboxv1.RenewLeaseRequest{
+			SandboxId: sandboxID, FencingToken: token, TtlSeconds: int32(m.cfg.LeaseTTL / time.Second),
+		})
+		if err != nil && ctx.Err() == nil {
+			// A lost lease ends in a destroy notice, which checkpoints
+			// the session first; nothing more to do here.
+			m.log.WarnContext(ctx, "sandbox lease renewal failed", "session", name, "sandbox", sandboxID, "error", err)
 		}
-	}()
+	})
+	m.mu.Lock()
+	old := m.leases[name]
+	m.leases[name] = &leaseKeeper{stop: stop}
+	m.mu.Unlock()
+	if old != nil {
+		old.stop()
+	}
 }
 
 // dropLease stops renewing a session's lease.
@@ -70,8 +56,7 @@ func (m *Manager) dropLease(name string) {
 	delete(m.leases, name)
 	m.mu.Unlock()
 	if k != nil {
-		k.cancel()
-		<-k.done
+		k.stop()
 	}
 }
 

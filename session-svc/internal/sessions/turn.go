@@ -313,36 +313,22 @@ func (m *Manager) runTurn(ctx context.Context, name string, number int, in TurnI
 // also releases it. A hold that vanished before its expiry (a Redis
 // restarted empty) is taken again.
 func (m *Manager) renewHold(ctx context.Context, hold holds.Hold) func() {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
 	name, id := hold.Session, hold.ID
-	go func() {
-		defer close(done)
-		defer logging.Recover(ctx, m.log, "hold renewal")
-		ticker := time.NewTicker(m.cfg.LeaseTTL / 3)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-			}
-			_, err := m.d.Holds.Renew(ctx, name, id, m.cfg.LeaseTTL)
-			if errors.Is(err, holds.ErrNotFound) {
-				var again holds.Hold
-				if again, err = m.d.Holds.Acquire(ctx, name, hold.Owner, hold.Kind, hold.Description, m.cfg.LeaseTTL); err == nil {
-					m.log.WarnContext(ctx, "hold taken again: it had vanished", "session", name, "kind", hold.Kind)
-					id = again.ID
-				}
-			}
-			if err != nil && ctx.Err() == nil {
-				m.log.WarnContext(ctx, "hold renewal failed", "session", name, "hold", id, "error", err)
+	stop := m.heartbeat(ctx, "hold renewal", func(ctx context.Context) {
+		_, err := m.d.Holds.Renew(ctx, name, id, m.cfg.LeaseTTL)
+		if errors.Is(err, holds.ErrNotFound) {
+			var again holds.Hold
+			if again, err = m.d.Holds.Acquire(ctx, name, hold.Owner, hold.Kind, hold.Description, m.cfg.LeaseTTL); err == nil {
+				m.log.WarnContext(ctx, "hold taken again: it had vanished", "session", name, "kind", hold.Kind)
+				id = again.ID
 			}
 		}
-	}()
+		if err != nil && ctx.Err() == nil {
+			m.log.WarnContext(ctx, "hold renewal failed", "session", name, "hold", id, "error", err)
+		}
+	})
 	return func() {
-		cancel()
-		<-done
+		stop()
 		if err := m.d.Holds.Release(context.WithoutCancel(ctx), name, id); err != nil {
 			m.log.WarnContext(ctx, "hold release failed", "session", name, "hold", id, "error", err)
 		}
