@@ -35,6 +35,8 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/api/openapi"
+	"github.com/hangar-dev/hangar/cli/client"
+	"github.com/hangar-dev/hangar/cli/mcp"
 	checkpointapp "github.com/hangar-dev/hangar/checkpoint-svc/app"
 	gatewayapp "github.com/hangar-dev/hangar/gateway-svc/app"
 	"github.com/hangar-dev/hangar/platform/config"
@@ -343,6 +345,19 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		stack.Services = append(stack.Services, Endpoint{Name: spec.name, Addr: listeners[i].Addr().String()})
 	}
 
+	// The MCP façade at /mcp: a client of the front door like any other,
+	// behind the same token.
+	mcpConn, err := client.Endpoint{URL: stack.URL, Token: token}.Dial()
+	if err != nil {
+		closeUnstarted(apps, listeners)
+		return fail(err)
+	}
+	cleanup = append(cleanup, func() { _ = mcpConn.Close() })
+	routes[mcpPath] = exactPath(mcpPath, mcp.HTTPHandler(mcp.Options{
+		Sessions: sessionv1.NewSessionServiceClient(mcpConn),
+		Logger:   logger.With("service", "mcp"),
+	}, mcp.HTTPOptions{Token: token, MaxRequestBytes: cfg.MaxRequestBytes()}))
+
 	frontDoor, err := service.New(ctx, service.Options{
 		Name:   "hangar",
 		Common: config.Common{Token: token, LogLevel: cfg.LogLevel, LogFormat: cfg.LogFormat, OTLPEndpoint: cfg.OTLPEndpoint, MaxRequestMB: cfg.MaxRequestMB},
@@ -389,6 +404,7 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		}
 		err := frontDoor.Serve(ctx, front)
 		mirrors.Wait()
+		_ = mcpConn.Close()
 		return err
 	}))
 	if model != nil {
@@ -406,6 +422,20 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		stack.err = stopInOrder(ctx, parts, logger)
 	}()
 	return stack, nil
+}
+
+// mcpPath is where the front door serves the MCP façade (streamable HTTP).
+const mcpPath = "/mcp"
+
+// exactPath serves h at path alone (the front door's routes are prefixes).
+func exactPath(path string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != path {
+			http.NotFound(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // StopStepMessage is the log message of each step of the ordered stop
