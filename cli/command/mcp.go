@@ -72,7 +72,9 @@ func (l localCheckout) Work(ctx context.Context, dir string) (*sessionv1.LocalWo
 	return sessionLocalWork(ctx, dir)
 }
 
-func (l localCheckout) ReadFile(path string) ([]byte, error) { return os.ReadFile(filepath.Clean(path)) }
+func (l localCheckout) ReadFile(path string) ([]byte, error) {
+	return os.ReadFile(filepath.Clean(path))
+}
 
 func (l localCheckout) Repository(ctx context.Context, dir string) string {
 	top, _ := sessionGitTop(ctx, dir)
