@@ -2,8 +2,9 @@
 // embedded defaults: `hangar up`. Data lives under HANGAR_HOME; Redis is an
 // in-process server, with the password in HANGAR_HOME/redis.password, unless
 // HANGAR_REDIS_URL is set. A front door on
-// HANGAR_ADDR serves the whole API (gRPC and REST) so a client needs one URL
-// and one token; each service also listens on its own address.
+// HANGAR_ADDR serves the whole API (gRPC and REST, and the MCP tools at
+// /mcp) so a client needs one URL and one token; each service also listens
+// on its own address.
 package up
 
 import (
