@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -200,6 +201,18 @@ func mcpText(res *mcpsdk.CallToolResult) string {
 	return strings.Join(texts, "\n")
 }
 
+// enumIs says whether v is the enum value full, by its proto name
+// (TURN_OUTCOME_COMPLETED) or its short one (completed).
+func enumIs(v any, full string) bool {
+	s, _ := v.(string)
+	for _, prefix := range []string{"TURN_OUTCOME_", "SESSION_STATE_", "APPROVAL_STATE_"} {
+		if short, ok := strings.CutPrefix(full, prefix); ok && s == strings.ToLower(short) {
+			return true
+		}
+	}
+	return s == full
+}
+
 // at reads a path of keys (and list indexes as ints) in a JSON value.
 func at(v any, path ...any) any {
 	for _, p := range path {
@@ -290,7 +303,7 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 
 	// wait_for_turn, with progress notifications.
 	turn := c.callToken(t, ctx, "wait_for_turn", map[string]any{"session": name}, "turn-1")
-	if turn["outcome"] != "TURN_OUTCOME_COMPLETED" || turn["number"] != 1.0 || at(turn, "artifacts", 0, "path") != "report.txt" || turn["result"] == nil {
+	if !enumIs(turn["outcome"], "TURN_OUTCOME_COMPLETED") || turn["number"] != 1.0 || at(turn, "artifacts", 0, "path") != "report.txt" || turn["result"] == nil {
 		t.Fatalf("wait_for_turn: %v", turn)
 	}
 	progress := c.progressOf("turn-1")
@@ -304,7 +317,7 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 	}
 
 	sess := c.call(t, "get_session", map[string]any{"session": name})
-	if at(sess, "session", "state") != "SESSION_STATE_IDLE" || len(at(sess, "session", "turns").([]any)) != 1 {
+	if !enumIs(at(sess, "session", "state"), "SESSION_STATE_IDLE") || len(at(sess, "session", "turns").([]any)) != 1 {
 		t.Fatalf("get_session: %v", sess)
 	}
 	listed := c.call(t, "list_sessions", map[string]any{"states": []string{"idle"}})
@@ -320,9 +333,12 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 	if len(events) == 0 {
 		t.Fatal("get_events: none")
 	}
+	// A 64-bit number: a decimal string in protojson, a number in some
+	// marshalers.
 	var last int64
-	if err := json.Unmarshal([]byte(at(events[len(events)-1], "seq").(string)), &last); err != nil {
-		t.Fatalf("seq: %v", err)
+	seq, _ := json.Marshal(at(events[len(events)-1], "seq"))
+	if err := json.Unmarshal(bytes.Trim(seq, `"`), &last); err != nil || last == 0 {
+		t.Fatalf("seq %s: %v", seq, err)
 	}
 	if after := at(c.call(t, "get_events", map[string]any{"session": name, "after_seq": last}), "events"); after != nil {
 		t.Errorf("get_events after the last seq: %v", after)
@@ -371,7 +387,7 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 	if err := <-waited; err == nil {
 		t.Error("the cancelled wait_for_turn returned no error")
 	}
-	if st := at(c.call(t, "get_session", map[string]any{"session": name}), "session", "state"); st != "SESSION_STATE_RUNNING" {
+	if st := at(c.call(t, "get_session", map[string]any{"session": name}), "session", "state"); !enumIs(st, "SESSION_STATE_RUNNING") {
 		t.Fatalf("after the cancelled wait the session is %v, want its turn still running", st)
 	}
 	if st := c.call(t, "steer_turn", map[string]any{"session": name, "message": "Also mention purple."}); at(st, "session", "name") != name {
@@ -381,10 +397,10 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 	if at(interrupted, "turn", "number") != 3.0 {
 		t.Fatalf("steer_turn interrupt: %v", interrupted)
 	}
-	if t2 := c.call(t, "wait_for_turn", map[string]any{"session": name, "turn": 2}); t2["outcome"] != "TURN_OUTCOME_INTERRUPTED" {
+	if t2 := c.call(t, "wait_for_turn", map[string]any{"session": name, "turn": 2}); !enumIs(t2["outcome"], "TURN_OUTCOME_INTERRUPTED") {
 		t.Errorf("turn 2: %v", t2)
 	}
-	if t3 := c.call(t, "wait_for_turn", map[string]any{"session": name}); t3["outcome"] != "TURN_OUTCOME_COMPLETED" || t3["number"] != 3.0 {
+	if t3 := c.call(t, "wait_for_turn", map[string]any{"session": name}); !enumIs(t3["outcome"], "TURN_OUTCOME_COMPLETED") || t3["number"] != 3.0 {
 		t.Errorf("turn 3: %v", t3)
 	}
 	if text, parts := c.callFails(t, "steer_turn", map[string]any{"session": name, "message": "late"}); parts["code"] != "FAILED_PRECONDITION" || !strings.HasPrefix(text, "FAILED_PRECONDITION") {
@@ -411,18 +427,18 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 	if _, parts := c.callFails(t, "answer_approval", map[string]any{"session": asked, "approval_id": approvalID}); parts["field"] != "allow" {
 		t.Errorf("answer_approval without allow: %v", parts)
 	}
-	if a := c.call(t, "answer_approval", map[string]any{"session": asked, "approval_id": approvalID, "allow": true}); at(a, "approval", "state") != "APPROVAL_STATE_ALLOWED" {
+	if a := c.call(t, "answer_approval", map[string]any{"session": asked, "approval_id": approvalID, "allow": true}); !enumIs(at(a, "approval", "state"), "APPROVAL_STATE_ALLOWED") {
 		t.Errorf("answer_approval allow: %v", a)
 	}
-	if tr := c.call(t, "wait_for_turn", map[string]any{"session": asked}); tr["outcome"] != "TURN_OUTCOME_COMPLETED" {
+	if tr := c.call(t, "wait_for_turn", map[string]any{"session": asked}); !enumIs(tr["outcome"], "TURN_OUTCOME_COMPLETED") {
 		t.Errorf("the approved turn: %v", tr)
 	}
 
 	// suspend, open, fork.
-	if sp := c.call(t, "suspend_session", map[string]any{"session": name}); at(sp, "session", "state") != "SESSION_STATE_SUSPENDED" {
+	if sp := c.call(t, "suspend_session", map[string]any{"session": name}); !enumIs(at(sp, "session", "state"), "SESSION_STATE_SUSPENDED") {
 		t.Errorf("suspend_session: %v", sp)
 	}
-	if op := c.call(t, "open_session", map[string]any{"session": name}); at(op, "session", "state") != "SESSION_STATE_IDLE" || at(op, "session", "sandbox_id") == nil {
+	if op := c.call(t, "open_session", map[string]any{"session": name}); !enumIs(at(op, "session", "state"), "SESSION_STATE_IDLE") || at(op, "session", "sandbox_id") == nil {
 		t.Errorf("open_session: %v", op)
 	}
 	forked := c.call(t, "fork_session", map[string]any{"session": name, "n": 1, "names": []string{name + "-fork"}})
@@ -512,7 +528,7 @@ func TestClaudeCodeDrivesHangarOverMCP(t *testing.T) {
 	}
 	driver, err := scripted.New(scripted.Script{Rules: []scripted.Rule{
 		{Name: "patch back", LastIsToolResult: scripted.Bool(true), ToolResult: `diff --git`, Answer: scripted.Answer{Text: "The session's patch is back."}},
-		{Name: "get the patch", LastIsToolResult: scripted.Bool(true), ToolResult: `TURN_OUTCOME_COMPLETED`, Answer: scripted.Answer{ToolCall: call("get_session_patch", map[string]any{"session": name})}},
+		{Name: "get the patch", LastIsToolResult: scripted.Bool(true), ToolResult: `TURN_OUTCOME_COMPLETED|"outcome":"completed"`, Answer: scripted.Answer{ToolCall: call("get_session_patch", map[string]any{"session": name})}},
 		{Name: "wait", LastIsToolResult: scripted.Bool(true), ToolResult: `base_commit`, Answer: scripted.Answer{ToolCall: call("wait_for_turn", map[string]any{"session": name})}},
 		{Name: "start", Tool: "mcp__hangar__new_session", LastIsToolResult: scripted.Bool(false), Prompt: `(?i)hangar session`,
 			Answer: scripted.Answer{Text: "Starting it.", ToolCall: call("new_session", map[string]any{"name": name, "environment": "e2e", "message": "Please do the artifact task."})}},
@@ -582,8 +598,8 @@ func TestClaudeCodeDrivesHangarOverMCP(t *testing.T) {
 	if len(results) != 3 {
 		t.Fatalf("Claude Code got %d tool results, want 3 (new_session, wait_for_turn, get_session_patch):\n%s", len(results), out)
 	}
-	for i, want := range []string{`base_commit`, `TURN_OUTCOME_COMPLETED`, `report.txt`} {
-		if !strings.Contains(results[i], want) {
+	for i, want := range []string{`base_commit`, `TURN_OUTCOME_COMPLETED|"outcome":"completed"`, `report.txt`} {
+		if !regexp.MustCompile(want).MatchString(results[i]) {
 			t.Errorf("tool result %d lacks %s: %s", i+1, want, results[i])
 		}
 	}
