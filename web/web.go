@@ -182,5 +182,5 @@ func writeError(w http.ResponseWriter, code int, reason, message string) {
 // reaches a server or a Referer header; the page sends the token to sign-in
 // once and removes it from the address bar.
 func SignInURL(base, token string) string {
-	return strings.TrimSuffix(base, "/") + "/#token=" + url.QueryEscape(token)
+	return strings.TrimSuffix(base, "/") + "/#token=" + url.PathEscape(token)
 }

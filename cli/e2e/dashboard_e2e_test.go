@@ -148,7 +148,7 @@ func eval[T any](t *testing.T, b *browser, expr string) T {
 // for the README), there too.
 func (b *browser) screenshot(t *testing.T, name string) {
 	t.Helper()
-	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(90))
+	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Logf("screenshot %s: %v", name, err)
 		return
