@@ -212,7 +212,7 @@ func printStack(streams Streams, s *up.Stack) {
 		fmt.Fprintf(w, "  token   %s\n", s.Token)
 	}
 	fmt.Fprintf(w, "  data    %s\n", s.Home)
-	fmt.Fprintf(w, "  dashboard %s   (open it to sign in)\n", web.SignInURL(s.URL, s.Token))
+	fmt.Fprintf(w, "  web     %s   (the dashboard; opening it signs you in)\n", web.SignInURL(s.URL, s.Token))
 	if s.OfflineModel != "" {
 		fmt.Fprintf(w, "  model   offline (scripted upstream at %s; set HANGAR_ANTHROPIC_API_KEY or HANGAR_OPENAI_API_KEY for a real one)\n", s.OfflineModel)
 	}
