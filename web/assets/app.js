@@ -91,7 +91,8 @@
     if (reasons.length) return "awake: " + reasons.join("; ");
     if (s.suspend_at) return "suspends " + when(s.suspend_at) + " (idle " + idleText(s) + ")";
     if (s.idle_minutes === 0) return "stays up until suspended";
-    return state ? "awake" : "";
+    if (state === "idle" || state === "needs_input") return "up; suspends after " + idleText(s) + " without use";
+    return state ? "awake: " + state : "";
   }
   function idleText(s) {
     if (s.idle_minutes === undefined || s.idle_minutes === null) return "30 min (default)";
