@@ -10,9 +10,12 @@ replace (
 	github.com/hangar-dev/hangar/replay-svc => ../replay-svc
 	github.com/hangar-dev/hangar/sandbox-svc => ../sandbox-svc
 	github.com/hangar-dev/hangar/session-svc => ../session-svc
+	github.com/hangar-dev/hangar/web => ../web
 )
 
 require (
+	github.com/chromedp/cdproto v0.160.1
+	github.com/chromedp/chromedp v0.23.1
 	github.com/google/jsonschema-go v0.4.3
 	github.com/hangar-dev/hangar/api v0.0.0-00010101000000-000000000000
 	github.com/hangar-dev/hangar/checkpoint-svc v0.0.0-00010101000000-000000000000
@@ -21,6 +24,7 @@ require (
 	github.com/hangar-dev/hangar/replay-svc v0.0.0-00010101000000-000000000000
 	github.com/hangar-dev/hangar/sandbox-svc v0.0.0-00010101000000-000000000000
 	github.com/hangar-dev/hangar/session-svc v0.0.0-00010101000000-000000000000
+	github.com/hangar-dev/hangar/web v0.0.0-00010101000000-000000000000
 	github.com/modelcontextprotocol/go-sdk v1.8.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/spf13/cobra v1.10.2
@@ -56,12 +60,14 @@ require (
 	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
 	github.com/go-jose/go-jose/v4 v4.1.4 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/s2a-go v0.1.11 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/googleapis/enterprise-certificate-proxy v0.3.25 // indirect
 	github.com/googleapis/gax-go/v2 v2.27.0 // indirect
+	github.com/gorilla/websocket v1.5.3 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect

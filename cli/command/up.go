@@ -19,6 +19,7 @@ import (
 	replayapp "github.com/hangar-dev/hangar/replay-svc/app"
 	sandboxapp "github.com/hangar-dev/hangar/sandbox-svc/app"
 	sessionapp "github.com/hangar-dev/hangar/session-svc/app"
+	"github.com/hangar-dev/hangar/web"
 )
 
 func upCommand(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command {
@@ -211,6 +212,7 @@ func printStack(streams Streams, s *up.Stack) {
 		fmt.Fprintf(w, "  token   %s\n", s.Token)
 	}
 	fmt.Fprintf(w, "  data    %s\n", s.Home)
+	fmt.Fprintf(w, "  web     %s   (the dashboard; opening it signs you in)\n", web.SignInURL(s.URL, s.Token))
 	if s.OfflineModel != "" {
 		fmt.Fprintf(w, "  model   offline (scripted upstream at %s; set HANGAR_ANTHROPIC_API_KEY or HANGAR_OPENAI_API_KEY for a real one)\n", s.OfflineModel)
 	}

@@ -47,6 +47,7 @@ import (
 	replayapp "github.com/hangar-dev/hangar/replay-svc/app"
 	sandboxapp "github.com/hangar-dev/hangar/sandbox-svc/app"
 	sessionapp "github.com/hangar-dev/hangar/session-svc/app"
+	"github.com/hangar-dev/hangar/web"
 )
 
 // Config is `hangar up`'s own configuration; each service reads its own
@@ -74,7 +75,7 @@ type Endpoint struct {
 
 // Stack is a running hangar.
 type Stack struct {
-	// URL is the front door, for HANGAR_URL.
+	// URL is the front door, for HANGAR_URL; the dashboard is its page.
 	URL   string
 	Token string
 	Home  string
@@ -358,6 +359,20 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		Sessions: sessionv1.NewSessionServiceClient(mcpConn),
 		Logger:   logger.With("service", "mcp"),
 	}, mcp.HTTPOptions{Token: token, MaxRequestBytes: cfg.MaxRequestBytes()}))
+	// The dashboard: its page at /, the rest below /ui/; its terminals
+	// reach the services through the front door itself.
+	uiConn, err := rpc.Dial(front.Addr().String(), rpc.ClientOptions{Token: token})
+	if err != nil {
+		closeUnstarted(apps, listeners)
+		return fail(fmt.Errorf("dashboard: %w", err))
+	}
+	cleanup = append(cleanup, func() { _ = uiConn.Close() })
+	dashboard, err := web.New(web.Options{Token: token, Conn: uiConn, Logger: logger})
+	if err != nil {
+		closeUnstarted(apps, listeners)
+		return fail(fmt.Errorf("dashboard: %w", err))
+	}
+	routes[web.Prefix] = dashboard
 
 	frontDoor, err := service.New(ctx, service.Options{
 		Name:   "hangar",
@@ -373,6 +388,7 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 			replayv1.RegisterReplayServiceHandler,
 		},
 		OpenAPI: openapi.Document,
+		Index:   dashboard.Index(),
 	})
 	if err != nil {
 		closeUnstarted(apps, listeners)
@@ -406,6 +422,7 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 		err := frontDoor.Serve(ctx, front)
 		mirrors.Wait()
 		_ = mcpConn.Close()
+		_ = uiConn.Close()
 		return err
 	}))
 	if model != nil {

@@ -3,7 +3,8 @@
 // and drains gracefully on shutdown.
 //
 // One http.Server speaks HTTP/1.1 and unencrypted HTTP/2 (h2c with prior
-// knowledge, which is what gRPC clients send over plaintext). Each request is
+// knowledge, which is what gRPC clients send over plaintext). GET / is
+// Options.Index (the dashboard), without a token. Each request is
 // dispatched, in order, to:
 //
 //  1. Options.Routes: the longest matching path prefix, for any request,
@@ -12,7 +13,9 @@
 //  2. GET /healthz (the process answers), GET /readyz (the server is
 //     SERVING) and GET /openapi.json, without a token; the health endpoints
 //     answer "ok" and nothing else;
-//  3. the bearer-token check, from the request's headers alone: a request
+//  3. the bearer-token check, from the request's headers alone (a REST call
+//     without an Authorization header may carry the token in the
+//     dashboard's sign-in cookie instead, see auth.CookieAuthorization): a request
 //     without the token is answered (401, or Unauthenticated for gRPC)
 //     before any of its body is read, whatever its path or gRPC service;
 //  4. the gRPC server, for HTTP/2 requests whose content-type starts with
@@ -87,6 +90,9 @@ type Options struct {
 	Gateways []func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error
 	// OpenAPI is served at GET /openapi.json without a token; nil means 404.
 	OpenAPI []byte
+	// Index is served at GET / (that path only) without a token: the
+	// dashboard's page, which asks for the token itself. Nil means 404.
+	Index http.Handler
 	// Metrics is served at GET /metrics to holders of the token; nil means
 	// 404.
 	Metrics http.Handler
@@ -179,6 +185,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.OpenAPI != nil {
 		d.openAPI = getOnly(http.HandlerFunc(s.serveOpenAPI))
+	}
+	if opts.Index != nil {
+		d.index = getOnly(opts.Index)
 	}
 	s.handler = d
 	return s, nil
@@ -370,6 +379,7 @@ func gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 type dispatcher struct {
 	s                                 *Server
 	healthz, readyz, metrics, openAPI http.Handler // nil when not served
+	index                             http.Handler // GET /: nil when not served
 }
 
 func (d *dispatcher) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -389,6 +399,8 @@ func (d *dispatcher) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			open = d.readyz
 		case "/openapi.json":
 			open = d.openAPI
+		case "/":
+			open = d.index
 		}
 		if open != nil {
 			open.ServeHTTP(w, r)
@@ -398,6 +410,15 @@ func (d *dispatcher) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Everything else needs the token, checked on the headers alone: nothing
 	// of the body is read for a caller without it, and a gRPC call to a
 	// service this server does not have looks like any other.
+	if !isGRPC && r.Header.Get("Authorization") == "" {
+		// The dashboard's sign-in cookie stands for the bearer header on
+		// REST calls from its own pages (auth.CookieAuthorization checks
+		// origin and the CSRF header); the gateway passes it on as one.
+		if authorization := auth.CookieAuthorization(r); authorization != "" {
+			r.Header.Set("Authorization", authorization)
+			r.Header.Del("Cookie")
+		}
+	}
 	if !auth.Valid(d.s.opts.Token, r.Header.Get("Authorization")) {
 		if isGRPC {
 			writeGRPCUnauthenticated(w)

@@ -46,6 +46,8 @@ type Options struct {
 	// gateway's data plane, a front door's forwarding).
 	Routes  map[string]http.Handler
 	OpenAPI []byte
+	// Index is served at GET / without a token (the dashboard's page).
+	Index http.Handler
 	// DefaultTimeout is the deadline given to unary calls that arrive
 	// without one (rpc.DefaultTimeout when zero). Services whose calls run
 	// long (a cold sandbox create, a checkpoint capture) raise it.
@@ -83,6 +85,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		OpenAPI:  opts.OpenAPI,
 		Metrics:  tel.MetricsHandler(),
 		Routes:   opts.Routes,
+		Index:    opts.Index,
 
 		MaxRequestBytes: opts.Common.MaxRequestBytes(),
 		DefaultTimeout:  opts.DefaultTimeout,

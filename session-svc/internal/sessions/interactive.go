@@ -6,6 +6,9 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
@@ -79,6 +82,32 @@ func (m *Manager) StartInteractive(ctx context.Context, name string) (*Interacti
 		}); err != nil {
 			m.endRun(ctx, runID)
 			return nil, fmt.Errorf("harness config of %s: %w", name, err)
+		}
+	}
+	if prep, ok := adapter.(harness.InteractivePreparer); ok {
+		existing := func(path string) ([]byte, error) {
+			got, err := m.d.Sandboxes.ReadFile(ctx, &sandboxv1.ReadFileRequest{SandboxId: sb.GetId(), FencingToken: s.FencingToken, Path: path})
+			if status.Code(err) == codes.NotFound {
+				return nil, nil
+			}
+			if err != nil {
+				return nil, fmt.Errorf("read %s: %w", path, err)
+			}
+			return got.GetContent(), nil
+		}
+		files, err := prep.InteractiveFiles(harness.Sandbox{WorkDir: sb.GetWorkDir(), HomeDir: sb.GetHomeDir()}, harness.Gateway{Token: run.GetToken()}, existing)
+		if err == nil {
+			for _, f := range files {
+				if _, err = m.d.Sandboxes.WriteFile(ctx, &sandboxv1.WriteFileRequest{
+					SandboxId: sb.GetId(), FencingToken: s.FencingToken, Path: f.Path, Content: f.Content, Mode: f.Mode,
+				}); err != nil {
+					break
+				}
+			}
+		}
+		if err != nil {
+			m.endRun(ctx, runID)
+			return nil, fmt.Errorf("interactive config of %s: %w", name, err)
 		}
 	}
 	env := map[string]string{}
