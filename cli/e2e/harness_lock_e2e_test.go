@@ -7,6 +7,8 @@ package e2e_test
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -310,6 +312,32 @@ func TestHarnessLockRefusals(t *testing.T) {
 		if status.Code(err) != want.code {
 			t.Errorf("get %s: %v, want %v", ref, err, want.code)
 		}
+	}
+	// REST: harness_lock on POST /api/sessions, and the locks.
+	rest := func(method, path, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, s.env["HANGAR_URL"]+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+s.env["HANGAR_TOKEN"])
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := rest(http.MethodPost, "/api/sessions", `{"name":"rest","harness_lock":"nobody@r1","message":"hi"}`); code != 404 || !strings.Contains(body, "HARNESS_LOCK_NOT_FOUND") {
+		t.Errorf("POST /api/sessions with an unknown harness_lock = %d %s", code, body)
+	}
+	if code, body := rest(http.MethodGet, "/api/harness-locks", ""); code != 200 || !strings.Contains(body, `"claude-ok@r2"`) {
+		t.Errorf("GET /api/harness-locks = %d %s", code, body)
+	}
+	if code, body := rest(http.MethodGet, "/api/harness-locks/codex-ok@r1", ""); code != 200 || !strings.Contains(body, "retired-model") {
+		t.Errorf("GET /api/harness-locks/codex-ok@r1 = %d %s", code, body)
 	}
 	// A lock file that does not parse.
 	if err := os.WriteFile(filepath.Join(repo, "harnesses.lock.yaml"), []byte("locks:\n  claude-ok:\n    revision: 3\n    harness: clod\n"), 0o644); err != nil {
