@@ -23,7 +23,9 @@ func TestCompare(t *testing.T) {
 	}{
 		{"nothing differs", same, []Difference{}},
 		{"no model calls", with(func(o *Observed) { o.Models = nil }), []Difference{}},
-		{"another model served", with(func(o *Observed) { o.Models = append(o.Models, "claude-sonnet-4-5", "claude-haiku-4-5", "claude-haiku-4-5") }),
+		{"another model served", with(func(o *Observed) {
+			o.Models = append(o.Models, "claude-sonnet-4-5", "claude-haiku-4-5", "claude-haiku-4-5")
+		}),
 			[]Difference{{"model", lock.Model, "claude-sonnet-4-5"}, {"model", lock.Model, "claude-haiku-4-5"}}},
 		{"another CLI version", with(func(o *Observed) { o.CLIVersions = []string{"2.1.300 (Claude Code)", "2.1.300", "2.1.332"} }),
 			[]Difference{{"cli_version", "2.1.332", "2.1.300"}}},
