@@ -313,6 +313,19 @@ func TestHarnessLockRefusals(t *testing.T) {
 			t.Errorf("get %s: %v, want %v", ref, err, want.code)
 		}
 	}
+	// The lock sets the harness, model and approval mode: another one
+	// asked for besides is refused, naming it.
+	for field, req := range map[string]*sessionv1.CreateSessionRequest{
+		"harness":   {Harness: sessionv1.Harness_HARNESS_CODEX},
+		"model":     {Model: "claude-opus-4"},
+		"approvals": {Approvals: sessionv1.ApprovalMode_APPROVAL_MODE_ASK},
+	} {
+		req.Name, req.HarnessLock, req.Message = "refused", "claude-ok@r2", "hi"
+		_, err := s.sessions.CreateSession(ctx, req)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "harness lock claude-ok@r2 sets the "+field) {
+			t.Errorf("thaw with another %s: %v", field, err)
+		}
+	}
 	// REST: harness_lock on POST /api/sessions, and the locks.
 	rest := func(method, path, body string) (int, string) {
 		t.Helper()
