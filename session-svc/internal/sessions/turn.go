@@ -473,8 +473,8 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	if drift != nil && m.cfg.HarnessDrift == "fail" {
 		if d := drift.cliDrift(); len(d) > 0 {
 			// The sandbox runs another CLI than the lock's: the agent
-			// does not run.
-			res := turnResult{command: command, runID: runID, outcome: store.OutcomeCompleted}
+			// does not run, and recordDrift ends the turn failed.
+			res := turnResult{command: command, runID: runID}
 			m.recordDrift(ctx, s, number, driftOf(d), &res)
 			return res
 		}
