@@ -34,6 +34,7 @@ func Root(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command
 	root.AddCommand(fakeModelCommand(streams))
 	root.AddCommand(sandboxCommand(streams, lookupEnv), environmentCommand(streams, lookupEnv))
 	root.AddCommand(sessionCommand(streams, lookupEnv))
+	root.AddCommand(harnessCommand(streams, lookupEnv))
 	root.AddCommand(checkpointCommand(streams, lookupEnv))
 	root.AddCommand(jobCommand(streams, lookupEnv))
 	root.AddCommand(mcpCommand(streams, lookupEnv))

@@ -38,6 +38,11 @@ import (
 type Script struct {
 	Rules   []Rule  `json:"rules" yaml:"rules"`
 	Default *Answer `json:"default,omitempty" yaml:"default,omitempty"`
+	// Serves maps a requested model name to the concrete model the
+	// answers say served it, as a provider resolves an alias
+	// ("claude-sonnet-4-5" answered by "claude-sonnet-4-5-20250929"). A
+	// model not in it is answered as requested.
+	Serves map[string]string `json:"serves,omitempty" yaml:"serves,omitempty"`
 }
 
 // Rule is a set of conditions and the answer given when they all hold. An

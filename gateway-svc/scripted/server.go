@@ -115,6 +115,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.RLock()
 	ans, rule := s.script.Decide(req)
+	served := s.script.Serves[req.Model]
 	s.mu.RUnlock()
 	ans = ans.expand(req)
 	s.logMu.Lock()
@@ -134,6 +135,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		usage = *ans.Usage
 	}
 	model := req.Model
+	if served != "" {
+		model = served
+	}
 	if model == "" {
 		model = "scripted"
 	}

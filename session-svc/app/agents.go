@@ -85,3 +85,28 @@ func cliVersion(ctx context.Context, path, pathPrepend string) string {
 	line, _, _ := strings.Cut(strings.TrimSpace(stdout.String()), "\n")
 	return strings.TrimSpace(line)
 }
+
+// hostCLIs answers which version of each agent CLI the sandboxes run from
+// this process's view of it (the configured binary on its PATH): the
+// sandboxes' own under the local driver, which shares the host's
+// filesystem. A thaw checks it before any sandbox work.
+type hostCLIs struct{ cfg Config }
+
+func (h hostCLIs) Version(ctx context.Context, name harness.Name) (version, path string) {
+	bin := map[harness.Name]string{harness.Claude: h.cfg.ClaudeBin, harness.Codex: h.cfg.CodexBin, harness.Pi: h.cfg.PiBin}[name]
+	if bin == "" {
+		bin = harness.InstallOf(name).Binary
+	}
+	found, err := exec.LookPath(bin)
+	if err != nil {
+		return "", ""
+	}
+	if abs, err := filepath.Abs(found); err == nil {
+		found = abs
+	}
+	var pathPrepend string
+	if name == harness.Pi {
+		pathPrepend = h.cfg.PiNodeBinDir
+	}
+	return cliVersion(ctx, found, pathPrepend), found
+}

@@ -30,6 +30,7 @@ import (
 	"github.com/hangar-dev/hangar/platform/rpc"
 	"github.com/hangar-dev/hangar/platform/service"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
+	"github.com/hangar-dev/hangar/session-svc/internal/harnesslock"
 	"github.com/hangar-dev/hangar/session-svc/internal/holds"
 	"github.com/hangar-dev/hangar/session-svc/internal/server"
 	"github.com/hangar-dev/hangar/session-svc/internal/sessions"
@@ -123,10 +124,13 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 			Harnesses: harness.Options{
 				ClaudeBin: cfg.ClaudeBin, CodexBin: cfg.CodexBin, PiBin: cfg.PiBin, PiNodeBinDir: cfg.PiNodeBinDir,
 			},
-			ForkMax:     cfg.ForkMax,
-			SoleReplica: cfg.SoleReplica,
+			ForkMax:      cfg.ForkMax,
+			SoleReplica:  cfg.SoleReplica,
+			HarnessDrift: cfg.HarnessDrift,
 		},
 		Claims: sessions.NewClaims(redis.Client, "hangar:session:claims:"),
+		Locks:  harnesslock.NewRepo(cfg.HarnessRepo, filepath.Join(cfg.Home, "harness-locks")),
+		CLIs:   hostCLIs{cfg: cfg},
 	})
 	jobs := sessions.NewJobs(a.manager, sessions.NewJobClaims(redis.Client, "hangar:session:jobs:"))
 	sessionsServer := server.New(a.manager, records, holdStore)

@@ -611,6 +611,11 @@ func (h *Handler) finish(c *call) {
 		c.step.Response = &gatewayv1.StepResponse{}
 	}
 	c.step.Failure = c.failure
+	if !c.step.Replayed {
+		// What the upstream says served the call: a request for an alias
+		// is answered by a concrete model (harness locks compare it).
+		c.step.ServedModel = c.usage.model
+	}
 	model := c.usage.model
 	if model == "" {
 		model = c.step.Model

@@ -379,3 +379,35 @@ func TestSteeringAndTape(t *testing.T) {
 		t.Errorf("run %v steps %d", r.GetState(), r.GetSteps())
 	}
 }
+
+// TestTapeRecordsServedModel: a step keeps the model the request asked
+// for and the one the answer says served it (an alias answered by a
+// concrete model), for Messages and Responses.
+func TestTapeRecordsServedModel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	if err := e.upstream.SetScript(scripted.Script{Default: &scripted.Answer{Text: "hi"},
+		Serves: map[string]string{"claude-sonnet-4-5": "claude-sonnet-4-5-20250929", "gpt-5.5": "gpt-5.5-2026-01-01"}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	run, tok := e.create(t, &gatewayv1.Run{})
+	if ans := e.post(t, "/v1/messages", tok, msg("hi")); ans.status != 200 {
+		t.Fatalf("%d %s", ans.status, ans.body)
+	}
+	if ans := e.post(t, "/v1/responses", tok, `{"model":"gpt-5.5","stream":true,"input":"hi"}`); ans.status != 200 {
+		t.Fatalf("%d %s", ans.status, ans.body)
+	}
+	if ans := e.post(t, "/v1/messages", tok, `{"model":"claude-opus-4","stream":true,"max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`); ans.status != 200 {
+		t.Fatalf("%d %s", ans.status, ans.body)
+	}
+	for seq, want := range map[int32][2]string{1: {"claude-sonnet-4-5", "claude-sonnet-4-5-20250929"}, 2: {"gpt-5.5", "gpt-5.5-2026-01-01"}, 3: {"claude-opus-4", "claude-opus-4"}} {
+		st, err := e.tapes.Step(ctx, run.GetId(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetModel() != want[0] || st.GetServedModel() != want[1] {
+			t.Errorf("step %d: model %q served %q, want %q served %q", seq, st.GetModel(), st.GetServedModel(), want[0], want[1])
+		}
+	}
+}

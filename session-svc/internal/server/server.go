@@ -84,9 +84,6 @@ func (s *Sessions) CreateSession(ctx context.Context, req *sessionv1.CreateSessi
 		},
 		FromLocal: localWorkFrom(req.GetFromLocal()),
 	}
-	if req.GetHarnessLock() != "" {
-		return nil, fault.Unimplemented("harness locks are not supported yet")
-	}
 	if req.GetApprovals() == sessionv1.ApprovalMode_APPROVAL_MODE_ASK {
 		n.Approvals = sessions.ApprovalsAsk
 	}

@@ -93,6 +93,9 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := refuseHarnessSwitch(parent, in.Harness); err != nil {
+		return nil, err
+	}
 	// Forks are numbered on from the parent's earlier ones, so no call
 	// reuses a name or a branch another made.
 	first, err := m.nextForkIndex(ctx, parent)
@@ -271,7 +274,7 @@ func (m *Manager) createFork(ctx context.Context, parent *store.Session, cp *che
 		ConversationID: parent.ConversationID,
 		CreatedAt:      now, LastActiveAt: now, BaseCommit: parent.BaseCommit,
 		Budget: parent.Budget, Approvals: parent.Approvals, CacheTTL: parent.CacheTTL, Model: parent.Model,
-		Question: parent.Question,
+		HarnessLock: parent.HarnessLock, Question: parent.Question,
 	}
 	if in.Harness != "" && in.Harness != parent.Harness && in.Message == "" {
 		// No turn to hand off in yet: the fork starts its own conversation.

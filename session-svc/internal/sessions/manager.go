@@ -54,6 +54,9 @@ type Config struct {
 	// with its embedded Redis): a session found resuming or suspending at
 	// start was left so by this service's previous process.
 	SoleReplica bool
+	// HarnessDrift is what a thawed session's turn 1 does when it differs
+	// from its lock: warn (the default) or fail (HANGAR_HARNESS_DRIFT).
+	HarnessDrift string
 }
 
 // Deps are the lifecycle's collaborators.
@@ -71,6 +74,11 @@ type Deps struct {
 	// Claims keeps one session per conversation id; nil claims nothing
 	// (forks still fork their parent's conversation on their first turn).
 	Claims *Claims
+	// Locks reads harness locks (HANGAR_HARNESS_REPO); nil thaws nothing.
+	Locks HarnessLocks
+	// CLIs says which version of each agent CLI the sandboxes run; nil
+	// skips the check a thaw makes before any sandbox work.
+	CLIs CLIVersions
 }
 
 // Manager runs sessions.

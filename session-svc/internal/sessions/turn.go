@@ -71,6 +71,13 @@ func (m *Manager) Create(ctx context.Context, n NewSession) (*store.Session, *st
 	if err := ValidName("name", n.Name); err != nil {
 		return nil, nil, err
 	}
+	if n.HarnessLock != "" {
+		// Before anything else: a lock on a CLI the sandboxes do not
+		// run is refused before any sandbox work.
+		if err := m.thaw(ctx, &n); err != nil {
+			return nil, nil, err
+		}
+	}
 	implicitRepo := false
 	if n.Environment == "" && n.Repo == "" && n.WorkingRepository != "" {
 		n.Repo, implicitRepo = n.WorkingRepository, true
@@ -208,6 +215,9 @@ func (m *Manager) Send(ctx context.Context, name string, in TurnInput) (*store.S
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := refuseHarnessSwitch(cur, in.Harness); err != nil {
+		return nil, nil, err
+	}
 	switch cur.State {
 	case store.StateArchived:
 		return nil, nil, fault.FailedPrecondition("SESSION_ARCHIVED", "session %q is archived: its checkpoints are gone; start a new session", name)
@@ -287,6 +297,9 @@ type turnResult struct {
 	warnings              []string
 	// structured is the --schema result, JSON.
 	structured string
+	// drift is what a thawed session's turn 1 ran differently from its
+	// lock; nil when the turn was not checked.
+	drift []store.Drift
 }
 
 // runTurn runs one turn to its end: boot if needed, run the harness, read
@@ -452,6 +465,20 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	// hangar-agent before all.
 	pathPrepend := inv.PathPrepend
 	command := strings.Join(inv.Argv, " ")
+	drift, unchecked := m.startDriftCheck(ctx, s, number, sb.GetId(), inv, env)
+	var preWarnings []string
+	if unchecked != "" {
+		preWarnings = append(preWarnings, unchecked)
+	}
+	if drift != nil && m.cfg.HarnessDrift == "fail" {
+		if d := drift.cliDrift(); len(d) > 0 {
+			// The sandbox runs another CLI than the lock's: the agent
+			// does not run, and recordDrift ends the turn failed.
+			res := turnResult{command: command, runID: runID}
+			m.recordDrift(ctx, s, number, driftOf(d), &res)
+			return res
+		}
+	}
 	if _, err := m.d.Store.UpdateTurn(ctx, name, number, func(t *store.Turn) error {
 		t.Command = command
 		t.RunID = runID
@@ -475,7 +502,7 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	lines.flush()
 	result := parser.Result()
 
-	res := turnResult{command: command, runID: runID, conversationID: result.ConversationID, text: result.Text}
+	res := turnResult{command: command, runID: runID, conversationID: result.ConversationID, text: result.Text, warnings: preWarnings}
 	if in.OutputSchema != "" {
 		var warning string
 		res.structured, warning = structuredResult(result.Text, in.OutputSchema)
@@ -536,6 +563,15 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 		res.outcome, res.reason = "failed", fmt.Sprintf("the agent exited %d: %s", code, reason)
 	default:
 		res.outcome = "completed"
+	}
+	if drift != nil {
+		d, err := m.finishDriftCheck(context.WithoutCancel(ctx), drift, s, turn, runID)
+		if err != nil {
+			res.warnings = append(res.warnings, "turn 1 was not checked against harness lock "+s.HarnessLock+": the gateway's record of the run could not be read")
+			m.log.WarnContext(ctx, "drift check failed", "session", name, "error", err)
+		} else {
+			m.recordDrift(context.WithoutCancel(ctx), s, number, d, &res)
+		}
 	}
 	if forkFrom != "" && res.outcome == "interrupted" {
 		// A CLI stopped in the middle of forking a conversation has not
@@ -654,6 +690,9 @@ func (m *Manager) endTurn(res turnResult, checkpointID string) func(t *store.Tur
 		t.Usage = res.usage
 		t.CheckpointID = checkpointID
 		t.Warnings = append(t.Warnings, res.warnings...)
+		if res.drift != nil {
+			t.Drift = res.drift
+		}
 		end := m.now()
 		t.EndedAt = &end
 		if res.command != "" {

@@ -792,7 +792,10 @@ type Step struct {
 	Model      string      `protobuf:"bytes,12,opt,name=model,proto3" json:"model,omitempty"`
 	// Why the call failed, when it did (upstream reset, provider error,
 	// refused over budget); the response holds what reached the client.
-	Failure       string `protobuf:"bytes,13,opt,name=failure,proto3" json:"failure,omitempty"`
+	Failure string `protobuf:"bytes,13,opt,name=failure,proto3" json:"failure,omitempty"`
+	// The model the answer says served it (the response's model), when it
+	// names one; `model` is the request's.
+	ServedModel   string `protobuf:"bytes,14,opt,name=served_model,json=servedModel,proto3" json:"served_model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -914,6 +917,13 @@ func (x *Step) GetModel() string {
 func (x *Step) GetFailure() string {
 	if x != nil {
 		return x.Failure
+	}
+	return ""
+}
+
+func (x *Step) GetServedModel() string {
+	if x != nil {
+		return x.ServedModel
 	}
 	return ""
 }
@@ -1331,7 +1341,7 @@ const file_hangar_gateway_v1_message_proto_rawDesc = "" +
 	"\btape_run\x18\x01 \x01(\tR\atapeRun\x12\x15\n" +
 	"\x06at_seq\x18\x02 \x01(\x05R\x05atSeq\x12D\n" +
 	"\ron_divergence\x18\x03 \x01(\x0e2\x1f.hangar.gateway.v1.OnDivergenceR\fonDivergence\x12A\n" +
-	"\fafter_prefix\x18\x04 \x01(\x0e2\x1e.hangar.gateway.v1.AfterPrefixR\vafterPrefix\"\x8b\x04\n" +
+	"\fafter_prefix\x18\x04 \x01(\x0e2\x1e.hangar.gateway.v1.AfterPrefixR\vafterPrefix\"\xae\x04\n" +
 	"\x04Step\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x127\n" +
@@ -1349,7 +1359,8 @@ const file_hangar_gateway_v1_message_proto_rawDesc = "" +
 	"divergence\x18\v \x01(\v2\x1d.hangar.gateway.v1.DivergenceR\n" +
 	"divergence\x12\x14\n" +
 	"\x05model\x18\f \x01(\tR\x05model\x12\x18\n" +
-	"\afailure\x18\r \x01(\tR\afailure\"\xd0\x01\n" +
+	"\afailure\x18\r \x01(\tR\afailure\x12!\n" +
+	"\fserved_model\x18\x0e \x01(\tR\vservedModel\"\xd0\x01\n" +
 	"\vStepRequest\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12E\n" +

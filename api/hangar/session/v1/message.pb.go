@@ -1896,6 +1896,113 @@ func (x *DriftItem) GetActual() string {
 	return ""
 }
 
+// HarnessLock is one revision of a named harness lock
+// (harnesses.lock.yaml in HANGAR_HARNESS_REPO): what a session thawed
+// from it runs.
+type HarnessLock struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Revision int32                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// NAME@rREVISION, e.g. "team-default@r14".
+	Ref     string  `protobuf:"bytes,3,opt,name=ref,proto3" json:"ref,omitempty"`
+	Harness Harness `protobuf:"varint,4,opt,name=harness,proto3,enum=hangar.session.v1.Harness" json:"harness,omitempty"`
+	// The concrete model.
+	Model     string       `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	Approvals ApprovalMode `protobuf:"varint,6,opt,name=approvals,proto3,enum=hangar.session.v1.ApprovalMode" json:"approvals,omitempty"`
+	// The agent CLI's release version, e.g. "2.1.332".
+	CliVersion string `protobuf:"bytes,7,opt,name=cli_version,json=cliVersion,proto3" json:"cli_version,omitempty"`
+	// The harness repository's commit the record was read at.
+	Commit        string `protobuf:"bytes,8,opt,name=commit,proto3" json:"commit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HarnessLock) Reset() {
+	*x = HarnessLock{}
+	mi := &file_hangar_session_v1_message_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HarnessLock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HarnessLock) ProtoMessage() {}
+
+func (x *HarnessLock) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_session_v1_message_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HarnessLock.ProtoReflect.Descriptor instead.
+func (*HarnessLock) Descriptor() ([]byte, []int) {
+	return file_hangar_session_v1_message_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *HarnessLock) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HarnessLock) GetRevision() int32 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *HarnessLock) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *HarnessLock) GetHarness() Harness {
+	if x != nil {
+		return x.Harness
+	}
+	return Harness_HARNESS_UNSPECIFIED
+}
+
+func (x *HarnessLock) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *HarnessLock) GetApprovals() ApprovalMode {
+	if x != nil {
+		return x.Approvals
+	}
+	return ApprovalMode_APPROVAL_MODE_UNSPECIFIED
+}
+
+func (x *HarnessLock) GetCliVersion() string {
+	if x != nil {
+		return x.CliVersion
+	}
+	return ""
+}
+
+func (x *HarnessLock) GetCommit() string {
+	if x != nil {
+		return x.Commit
+	}
+	return ""
+}
+
 // Attachment is context given with a message (--file, --text).
 type Attachment struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1912,7 +2019,7 @@ type Attachment struct {
 
 func (x *Attachment) Reset() {
 	*x = Attachment{}
-	mi := &file_hangar_session_v1_message_proto_msgTypes[12]
+	mi := &file_hangar_session_v1_message_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1924,7 +2031,7 @@ func (x *Attachment) String() string {
 func (*Attachment) ProtoMessage() {}
 
 func (x *Attachment) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_session_v1_message_proto_msgTypes[12]
+	mi := &file_hangar_session_v1_message_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1937,7 +2044,7 @@ func (x *Attachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attachment.ProtoReflect.Descriptor instead.
 func (*Attachment) Descriptor() ([]byte, []int) {
-	return file_hangar_session_v1_message_proto_rawDescGZIP(), []int{12}
+	return file_hangar_session_v1_message_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Attachment) GetName() string {
@@ -2008,7 +2115,7 @@ type LocalWork struct {
 
 func (x *LocalWork) Reset() {
 	*x = LocalWork{}
-	mi := &file_hangar_session_v1_message_proto_msgTypes[13]
+	mi := &file_hangar_session_v1_message_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2020,7 +2127,7 @@ func (x *LocalWork) String() string {
 func (*LocalWork) ProtoMessage() {}
 
 func (x *LocalWork) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_session_v1_message_proto_msgTypes[13]
+	mi := &file_hangar_session_v1_message_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2033,7 +2140,7 @@ func (x *LocalWork) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocalWork.ProtoReflect.Descriptor instead.
 func (*LocalWork) Descriptor() ([]byte, []int) {
-	return file_hangar_session_v1_message_proto_rawDescGZIP(), []int{13}
+	return file_hangar_session_v1_message_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LocalWork) GetBaseCommit() string {
@@ -2099,7 +2206,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_hangar_session_v1_message_proto_msgTypes[14]
+	mi := &file_hangar_session_v1_message_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2111,7 +2218,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_session_v1_message_proto_msgTypes[14]
+	mi := &file_hangar_session_v1_message_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2124,7 +2231,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_hangar_session_v1_message_proto_rawDescGZIP(), []int{14}
+	return file_hangar_session_v1_message_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Job) GetId() string {
@@ -2241,7 +2348,7 @@ type Attempt struct {
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_hangar_session_v1_message_proto_msgTypes[15]
+	mi := &file_hangar_session_v1_message_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2253,7 +2360,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_session_v1_message_proto_msgTypes[15]
+	mi := &file_hangar_session_v1_message_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2266,7 +2373,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_hangar_session_v1_message_proto_rawDescGZIP(), []int{15}
+	return file_hangar_session_v1_message_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Attempt) GetSession() string {
@@ -2459,7 +2566,17 @@ const file_hangar_session_v1_message_proto_rawDesc = "" +
 	"\tDriftItem\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06locked\x18\x02 \x01(\tR\x06locked\x12\x16\n" +
-	"\x06actual\x18\x03 \x01(\tR\x06actual\"W\n" +
+	"\x06actual\x18\x03 \x01(\tR\x06actual\"\x93\x02\n" +
+	"\vHarnessLock\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x05R\brevision\x12\x10\n" +
+	"\x03ref\x18\x03 \x01(\tR\x03ref\x124\n" +
+	"\aharness\x18\x04 \x01(\x0e2\x1a.hangar.session.v1.HarnessR\aharness\x12\x14\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\x12=\n" +
+	"\tapprovals\x18\x06 \x01(\x0e2\x1f.hangar.session.v1.ApprovalModeR\tapprovals\x12\x1f\n" +
+	"\vcli_version\x18\a \x01(\tR\n" +
+	"cliVersion\x12\x16\n" +
+	"\x06commit\x18\b \x01(\tR\x06commit\"W\n" +
 	"\n" +
 	"Attachment\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -2579,7 +2696,7 @@ func file_hangar_session_v1_message_proto_rawDescGZIP() []byte {
 }
 
 var file_hangar_session_v1_message_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_hangar_session_v1_message_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_hangar_session_v1_message_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_hangar_session_v1_message_proto_goTypes = []any{
 	(SessionState)(0),             // 0: hangar.session.v1.SessionState
 	(Harness)(0),                  // 1: hangar.session.v1.Harness
@@ -2602,23 +2719,24 @@ var file_hangar_session_v1_message_proto_goTypes = []any{
 	(*Question)(nil),              // 18: hangar.session.v1.Question
 	(*Approval)(nil),              // 19: hangar.session.v1.Approval
 	(*DriftItem)(nil),             // 20: hangar.session.v1.DriftItem
-	(*Attachment)(nil),            // 21: hangar.session.v1.Attachment
-	(*LocalWork)(nil),             // 22: hangar.session.v1.LocalWork
-	(*Job)(nil),                   // 23: hangar.session.v1.Job
-	(*Attempt)(nil),               // 24: hangar.session.v1.Attempt
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 26: google.protobuf.Struct
+	(*HarnessLock)(nil),           // 21: hangar.session.v1.HarnessLock
+	(*Attachment)(nil),            // 22: hangar.session.v1.Attachment
+	(*LocalWork)(nil),             // 23: hangar.session.v1.LocalWork
+	(*Job)(nil),                   // 24: hangar.session.v1.Job
+	(*Attempt)(nil),               // 25: hangar.session.v1.Attempt
+	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 27: google.protobuf.Struct
 }
 var file_hangar_session_v1_message_proto_depIdxs = []int32{
 	1,  // 0: hangar.session.v1.Session.harness:type_name -> hangar.session.v1.Harness
 	0,  // 1: hangar.session.v1.Session.state:type_name -> hangar.session.v1.SessionState
-	25, // 2: hangar.session.v1.Session.state_changed_at:type_name -> google.protobuf.Timestamp
-	25, // 3: hangar.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	25, // 4: hangar.session.v1.Session.last_active_at:type_name -> google.protobuf.Timestamp
+	26, // 2: hangar.session.v1.Session.state_changed_at:type_name -> google.protobuf.Timestamp
+	26, // 3: hangar.session.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	26, // 4: hangar.session.v1.Session.last_active_at:type_name -> google.protobuf.Timestamp
 	11, // 5: hangar.session.v1.Session.turns:type_name -> hangar.session.v1.Turn
 	12, // 6: hangar.session.v1.Session.checkpoints:type_name -> hangar.session.v1.SessionCheckpoint
 	15, // 7: hangar.session.v1.Session.holds:type_name -> hangar.session.v1.Hold
-	25, // 8: hangar.session.v1.Session.suspend_at:type_name -> google.protobuf.Timestamp
+	26, // 8: hangar.session.v1.Session.suspend_at:type_name -> google.protobuf.Timestamp
 	13, // 9: hangar.session.v1.Session.usage:type_name -> hangar.session.v1.Usage
 	18, // 10: hangar.session.v1.Session.question:type_name -> hangar.session.v1.Question
 	14, // 11: hangar.session.v1.Session.budget:type_name -> hangar.session.v1.Budget
@@ -2626,41 +2744,43 @@ var file_hangar_session_v1_message_proto_depIdxs = []int32{
 	10, // 13: hangar.session.v1.Session.transitions:type_name -> hangar.session.v1.StateTransition
 	0,  // 14: hangar.session.v1.StateTransition.from:type_name -> hangar.session.v1.SessionState
 	0,  // 15: hangar.session.v1.StateTransition.to:type_name -> hangar.session.v1.SessionState
-	25, // 16: hangar.session.v1.StateTransition.at:type_name -> google.protobuf.Timestamp
+	26, // 16: hangar.session.v1.StateTransition.at:type_name -> google.protobuf.Timestamp
 	1,  // 17: hangar.session.v1.Turn.harness:type_name -> hangar.session.v1.Harness
 	2,  // 18: hangar.session.v1.Turn.outcome:type_name -> hangar.session.v1.TurnOutcome
-	26, // 19: hangar.session.v1.Turn.structured_result:type_name -> google.protobuf.Struct
+	27, // 19: hangar.session.v1.Turn.structured_result:type_name -> google.protobuf.Struct
 	18, // 20: hangar.session.v1.Turn.question:type_name -> hangar.session.v1.Question
 	13, // 21: hangar.session.v1.Turn.usage:type_name -> hangar.session.v1.Usage
 	17, // 22: hangar.session.v1.Turn.artifacts:type_name -> hangar.session.v1.Artifact
-	25, // 23: hangar.session.v1.Turn.started_at:type_name -> google.protobuf.Timestamp
-	25, // 24: hangar.session.v1.Turn.ended_at:type_name -> google.protobuf.Timestamp
+	26, // 23: hangar.session.v1.Turn.started_at:type_name -> google.protobuf.Timestamp
+	26, // 24: hangar.session.v1.Turn.ended_at:type_name -> google.protobuf.Timestamp
 	20, // 25: hangar.session.v1.Turn.drift:type_name -> hangar.session.v1.DriftItem
 	14, // 26: hangar.session.v1.Turn.budget:type_name -> hangar.session.v1.Budget
-	25, // 27: hangar.session.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
+	26, // 27: hangar.session.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 28: hangar.session.v1.Hold.kind:type_name -> hangar.session.v1.HoldKind
-	25, // 29: hangar.session.v1.Hold.acquired_at:type_name -> google.protobuf.Timestamp
-	25, // 30: hangar.session.v1.Hold.expires_at:type_name -> google.protobuf.Timestamp
-	25, // 31: hangar.session.v1.Event.time:type_name -> google.protobuf.Timestamp
+	26, // 29: hangar.session.v1.Hold.acquired_at:type_name -> google.protobuf.Timestamp
+	26, // 30: hangar.session.v1.Hold.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 31: hangar.session.v1.Event.time:type_name -> google.protobuf.Timestamp
 	4,  // 32: hangar.session.v1.Event.kind:type_name -> hangar.session.v1.EventKind
 	13, // 33: hangar.session.v1.Event.usage:type_name -> hangar.session.v1.Usage
-	26, // 34: hangar.session.v1.Event.data:type_name -> google.protobuf.Struct
-	25, // 35: hangar.session.v1.Question.asked_at:type_name -> google.protobuf.Timestamp
+	27, // 34: hangar.session.v1.Event.data:type_name -> google.protobuf.Struct
+	26, // 35: hangar.session.v1.Question.asked_at:type_name -> google.protobuf.Timestamp
 	6,  // 36: hangar.session.v1.Approval.state:type_name -> hangar.session.v1.ApprovalState
-	25, // 37: hangar.session.v1.Approval.requested_at:type_name -> google.protobuf.Timestamp
-	25, // 38: hangar.session.v1.Approval.answered_at:type_name -> google.protobuf.Timestamp
-	7,  // 39: hangar.session.v1.Job.strategy:type_name -> hangar.session.v1.JobStrategy
-	8,  // 40: hangar.session.v1.Job.state:type_name -> hangar.session.v1.JobState
-	24, // 41: hangar.session.v1.Job.attempts:type_name -> hangar.session.v1.Attempt
-	25, // 42: hangar.session.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	25, // 43: hangar.session.v1.Job.ended_at:type_name -> google.protobuf.Timestamp
-	2,  // 44: hangar.session.v1.Attempt.outcome:type_name -> hangar.session.v1.TurnOutcome
-	13, // 45: hangar.session.v1.Attempt.usage:type_name -> hangar.session.v1.Usage
-	46, // [46:46] is the sub-list for method output_type
-	46, // [46:46] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	26, // 37: hangar.session.v1.Approval.requested_at:type_name -> google.protobuf.Timestamp
+	26, // 38: hangar.session.v1.Approval.answered_at:type_name -> google.protobuf.Timestamp
+	1,  // 39: hangar.session.v1.HarnessLock.harness:type_name -> hangar.session.v1.Harness
+	5,  // 40: hangar.session.v1.HarnessLock.approvals:type_name -> hangar.session.v1.ApprovalMode
+	7,  // 41: hangar.session.v1.Job.strategy:type_name -> hangar.session.v1.JobStrategy
+	8,  // 42: hangar.session.v1.Job.state:type_name -> hangar.session.v1.JobState
+	25, // 43: hangar.session.v1.Job.attempts:type_name -> hangar.session.v1.Attempt
+	26, // 44: hangar.session.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	26, // 45: hangar.session.v1.Job.ended_at:type_name -> google.protobuf.Timestamp
+	2,  // 46: hangar.session.v1.Attempt.outcome:type_name -> hangar.session.v1.TurnOutcome
+	13, // 47: hangar.session.v1.Attempt.usage:type_name -> hangar.session.v1.Usage
+	48, // [48:48] is the sub-list for method output_type
+	48, // [48:48] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_hangar_session_v1_message_proto_init() }
@@ -2669,18 +2789,18 @@ func file_hangar_session_v1_message_proto_init() {
 		return
 	}
 	file_hangar_session_v1_message_proto_msgTypes[0].OneofWrappers = []any{}
-	file_hangar_session_v1_message_proto_msgTypes[12].OneofWrappers = []any{
+	file_hangar_session_v1_message_proto_msgTypes[13].OneofWrappers = []any{
 		(*Attachment_File)(nil),
 		(*Attachment_Text)(nil),
 	}
-	file_hangar_session_v1_message_proto_msgTypes[15].OneofWrappers = []any{}
+	file_hangar_session_v1_message_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hangar_session_v1_message_proto_rawDesc), len(file_hangar_session_v1_message_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

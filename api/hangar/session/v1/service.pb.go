@@ -3290,6 +3290,192 @@ func (*EndInteractiveResponse) Descriptor() ([]byte, []int) {
 	return file_hangar_session_v1_service_proto_rawDescGZIP(), []int{57}
 }
 
+type ListHarnessLocksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListHarnessLocksRequest) Reset() {
+	*x = ListHarnessLocksRequest{}
+	mi := &file_hangar_session_v1_service_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListHarnessLocksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListHarnessLocksRequest) ProtoMessage() {}
+
+func (x *ListHarnessLocksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_session_v1_service_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListHarnessLocksRequest.ProtoReflect.Descriptor instead.
+func (*ListHarnessLocksRequest) Descriptor() ([]byte, []int) {
+	return file_hangar_session_v1_service_proto_rawDescGZIP(), []int{58}
+}
+
+type ListHarnessLocksResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Locks []*HarnessLock         `protobuf:"bytes,1,rep,name=locks,proto3" json:"locks,omitempty"`
+	// HANGAR_HARNESS_REPO, and the commit its lock file was read at.
+	Repository    string `protobuf:"bytes,2,opt,name=repository,proto3" json:"repository,omitempty"`
+	Commit        string `protobuf:"bytes,3,opt,name=commit,proto3" json:"commit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListHarnessLocksResponse) Reset() {
+	*x = ListHarnessLocksResponse{}
+	mi := &file_hangar_session_v1_service_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListHarnessLocksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListHarnessLocksResponse) ProtoMessage() {}
+
+func (x *ListHarnessLocksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_session_v1_service_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListHarnessLocksResponse.ProtoReflect.Descriptor instead.
+func (*ListHarnessLocksResponse) Descriptor() ([]byte, []int) {
+	return file_hangar_session_v1_service_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *ListHarnessLocksResponse) GetLocks() []*HarnessLock {
+	if x != nil {
+		return x.Locks
+	}
+	return nil
+}
+
+func (x *ListHarnessLocksResponse) GetRepository() string {
+	if x != nil {
+		return x.Repository
+	}
+	return ""
+}
+
+func (x *ListHarnessLocksResponse) GetCommit() string {
+	if x != nil {
+		return x.Commit
+	}
+	return ""
+}
+
+type GetHarnessLockRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// NAME@rREV ("team-default@r14"), or NAME for its newest revision.
+	Lock          string `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetHarnessLockRequest) Reset() {
+	*x = GetHarnessLockRequest{}
+	mi := &file_hangar_session_v1_service_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetHarnessLockRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetHarnessLockRequest) ProtoMessage() {}
+
+func (x *GetHarnessLockRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_session_v1_service_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetHarnessLockRequest.ProtoReflect.Descriptor instead.
+func (*GetHarnessLockRequest) Descriptor() ([]byte, []int) {
+	return file_hangar_session_v1_service_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *GetHarnessLockRequest) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+type GetHarnessLockResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lock          *HarnessLock           `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetHarnessLockResponse) Reset() {
+	*x = GetHarnessLockResponse{}
+	mi := &file_hangar_session_v1_service_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetHarnessLockResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetHarnessLockResponse) ProtoMessage() {}
+
+func (x *GetHarnessLockResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_session_v1_service_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetHarnessLockResponse.ProtoReflect.Descriptor instead.
+func (*GetHarnessLockResponse) Descriptor() ([]byte, []int) {
+	return file_hangar_session_v1_service_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *GetHarnessLockResponse) GetLock() *HarnessLock {
+	if x != nil {
+		return x.Lock
+	}
+	return nil
+}
+
 var File_hangar_session_v1_service_proto protoreflect.FileDescriptor
 
 const file_hangar_session_v1_service_proto_rawDesc = "" +
@@ -3510,7 +3696,18 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\x15EndInteractiveRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03run\x18\x02 \x01(\tR\x03run\"\x18\n" +
-	"\x16EndInteractiveResponse2\xa0\x1c\n" +
+	"\x16EndInteractiveResponse\"\x19\n" +
+	"\x17ListHarnessLocksRequest\"\x88\x01\n" +
+	"\x18ListHarnessLocksResponse\x124\n" +
+	"\x05locks\x18\x01 \x03(\v2\x1e.hangar.session.v1.HarnessLockR\x05locks\x12\x1e\n" +
+	"\n" +
+	"repository\x18\x02 \x01(\tR\n" +
+	"repository\x12\x16\n" +
+	"\x06commit\x18\x03 \x01(\tR\x06commit\"+\n" +
+	"\x15GetHarnessLockRequest\x12\x12\n" +
+	"\x04lock\x18\x01 \x01(\tR\x04lock\"L\n" +
+	"\x16GetHarnessLockResponse\x122\n" +
+	"\x04lock\x18\x01 \x01(\v2\x1e.hangar.session.v1.HarnessLockR\x04lock2\xb5\x1e\n" +
 	"\x0eSessionService\x12|\n" +
 	"\rCreateSession\x12'.hangar.session.v1.CreateSessionRequest\x1a(.hangar.session.v1.CreateSessionResponse\"\x18\x82\xd3\xe4\x93\x02\x12:\x01*\"\r/api/sessions\x12v\n" +
 	"\fListSessions\x12&.hangar.session.v1.ListSessionsRequest\x1a'.hangar.session.v1.ListSessionsResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/api/sessions\x12w\n" +
@@ -3539,7 +3736,9 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\x0eAnswerApproval\x12(.hangar.session.v1.AnswerApprovalRequest\x1a).hangar.session.v1.AnswerApprovalResponse\"7\x82\xd3\xe4\x93\x021:\x01*\",/api/sessions/{name}/approvals/{approval_id}\x12\x83\x01\n" +
 	"\vAcquireHold\x12%.hangar.session.v1.AcquireHoldRequest\x1a&.hangar.session.v1.AcquireHoldResponse\"%\x82\xd3\xe4\x93\x02\x1f:\x01*\"\x1a/api/sessions/{name}/holds\x12\x8d\x01\n" +
 	"\tRenewHold\x12#.hangar.session.v1.RenewHoldRequest\x1a$.hangar.session.v1.RenewHoldResponse\"5\x82\xd3\xe4\x93\x02/:\x01*\"*/api/sessions/{name}/holds/{hold_id}:renew\x12\x8a\x01\n" +
-	"\vReleaseHold\x12%.hangar.session.v1.ReleaseHoldRequest\x1a&.hangar.session.v1.ReleaseHoldResponse\",\x82\xd3\xe4\x93\x02&*$/api/sessions/{name}/holds/{hold_id}2\xc9\x02\n" +
+	"\vReleaseHold\x12%.hangar.session.v1.ReleaseHoldRequest\x1a&.hangar.session.v1.ReleaseHoldResponse\",\x82\xd3\xe4\x93\x02&*$/api/sessions/{name}/holds/{hold_id}\x12\x87\x01\n" +
+	"\x10ListHarnessLocks\x12*.hangar.session.v1.ListHarnessLocksRequest\x1a+.hangar.session.v1.ListHarnessLocksResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/api/harness-locks\x12\x88\x01\n" +
+	"\x0eGetHarnessLock\x12(.hangar.session.v1.GetHarnessLockRequest\x1a).hangar.session.v1.GetHarnessLockResponse\"!\x82\xd3\xe4\x93\x02\x1b\x12\x19/api/harness-locks/{lock}2\xc9\x02\n" +
 	"\n" +
 	"JobService\x12l\n" +
 	"\tCreateJob\x12#.hangar.session.v1.CreateJobRequest\x1a$.hangar.session.v1.CreateJobResponse\"\x14\x82\xd3\xe4\x93\x02\x0e:\x01*\"\t/api/jobs\x12e\n" +
@@ -3558,7 +3757,7 @@ func file_hangar_session_v1_service_proto_rawDescGZIP() []byte {
 	return file_hangar_session_v1_service_proto_rawDescData
 }
 
-var file_hangar_session_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_hangar_session_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_hangar_session_v1_service_proto_goTypes = []any{
 	(*CreateSessionRequest)(nil),     // 0: hangar.session.v1.CreateSessionRequest
 	(*CreateSessionResponse)(nil),    // 1: hangar.session.v1.CreateSessionResponse
@@ -3618,132 +3817,143 @@ var file_hangar_session_v1_service_proto_goTypes = []any{
 	(*StartInteractiveResponse)(nil), // 55: hangar.session.v1.StartInteractiveResponse
 	(*EndInteractiveRequest)(nil),    // 56: hangar.session.v1.EndInteractiveRequest
 	(*EndInteractiveResponse)(nil),   // 57: hangar.session.v1.EndInteractiveResponse
-	nil,                              // 58: hangar.session.v1.StartInteractiveResponse.EnvEntry
-	(Harness)(0),                     // 59: hangar.session.v1.Harness
-	(*Attachment)(nil),               // 60: hangar.session.v1.Attachment
-	(*Budget)(nil),                   // 61: hangar.session.v1.Budget
-	(*LocalWork)(nil),                // 62: hangar.session.v1.LocalWork
-	(ApprovalMode)(0),                // 63: hangar.session.v1.ApprovalMode
-	(*Session)(nil),                  // 64: hangar.session.v1.Session
-	(*Turn)(nil),                     // 65: hangar.session.v1.Turn
-	(SessionState)(0),                // 66: hangar.session.v1.SessionState
-	(*Event)(nil),                    // 67: hangar.session.v1.Event
-	(*Artifact)(nil),                 // 68: hangar.session.v1.Artifact
-	(*Approval)(nil),                 // 69: hangar.session.v1.Approval
-	(HoldKind)(0),                    // 70: hangar.session.v1.HoldKind
-	(*Hold)(nil),                     // 71: hangar.session.v1.Hold
-	(*timestamppb.Timestamp)(nil),    // 72: google.protobuf.Timestamp
-	(JobStrategy)(0),                 // 73: hangar.session.v1.JobStrategy
-	(*Job)(nil),                      // 74: hangar.session.v1.Job
+	(*ListHarnessLocksRequest)(nil),  // 58: hangar.session.v1.ListHarnessLocksRequest
+	(*ListHarnessLocksResponse)(nil), // 59: hangar.session.v1.ListHarnessLocksResponse
+	(*GetHarnessLockRequest)(nil),    // 60: hangar.session.v1.GetHarnessLockRequest
+	(*GetHarnessLockResponse)(nil),   // 61: hangar.session.v1.GetHarnessLockResponse
+	nil,                              // 62: hangar.session.v1.StartInteractiveResponse.EnvEntry
+	(Harness)(0),                     // 63: hangar.session.v1.Harness
+	(*Attachment)(nil),               // 64: hangar.session.v1.Attachment
+	(*Budget)(nil),                   // 65: hangar.session.v1.Budget
+	(*LocalWork)(nil),                // 66: hangar.session.v1.LocalWork
+	(ApprovalMode)(0),                // 67: hangar.session.v1.ApprovalMode
+	(*Session)(nil),                  // 68: hangar.session.v1.Session
+	(*Turn)(nil),                     // 69: hangar.session.v1.Turn
+	(SessionState)(0),                // 70: hangar.session.v1.SessionState
+	(*Event)(nil),                    // 71: hangar.session.v1.Event
+	(*Artifact)(nil),                 // 72: hangar.session.v1.Artifact
+	(*Approval)(nil),                 // 73: hangar.session.v1.Approval
+	(HoldKind)(0),                    // 74: hangar.session.v1.HoldKind
+	(*Hold)(nil),                     // 75: hangar.session.v1.Hold
+	(*timestamppb.Timestamp)(nil),    // 76: google.protobuf.Timestamp
+	(JobStrategy)(0),                 // 77: hangar.session.v1.JobStrategy
+	(*Job)(nil),                      // 78: hangar.session.v1.Job
+	(*HarnessLock)(nil),              // 79: hangar.session.v1.HarnessLock
 }
 var file_hangar_session_v1_service_proto_depIdxs = []int32{
-	59, // 0: hangar.session.v1.CreateSessionRequest.harness:type_name -> hangar.session.v1.Harness
-	60, // 1: hangar.session.v1.CreateSessionRequest.attachments:type_name -> hangar.session.v1.Attachment
-	61, // 2: hangar.session.v1.CreateSessionRequest.budget:type_name -> hangar.session.v1.Budget
-	62, // 3: hangar.session.v1.CreateSessionRequest.from_local:type_name -> hangar.session.v1.LocalWork
-	63, // 4: hangar.session.v1.CreateSessionRequest.approvals:type_name -> hangar.session.v1.ApprovalMode
-	64, // 5: hangar.session.v1.CreateSessionResponse.session:type_name -> hangar.session.v1.Session
-	65, // 6: hangar.session.v1.CreateSessionResponse.turn:type_name -> hangar.session.v1.Turn
-	66, // 7: hangar.session.v1.ListSessionsRequest.states:type_name -> hangar.session.v1.SessionState
-	64, // 8: hangar.session.v1.ListSessionsResponse.sessions:type_name -> hangar.session.v1.Session
-	64, // 9: hangar.session.v1.GetSessionResponse.session:type_name -> hangar.session.v1.Session
-	60, // 10: hangar.session.v1.SendMessageRequest.attachments:type_name -> hangar.session.v1.Attachment
-	61, // 11: hangar.session.v1.SendMessageRequest.budget:type_name -> hangar.session.v1.Budget
-	59, // 12: hangar.session.v1.SendMessageRequest.harness:type_name -> hangar.session.v1.Harness
-	64, // 13: hangar.session.v1.SendMessageResponse.session:type_name -> hangar.session.v1.Session
-	65, // 14: hangar.session.v1.SendMessageResponse.turn:type_name -> hangar.session.v1.Turn
-	65, // 15: hangar.session.v1.GetTurnResponse.turn:type_name -> hangar.session.v1.Turn
-	67, // 16: hangar.session.v1.WaitForTurnResponse.progress:type_name -> hangar.session.v1.Event
-	65, // 17: hangar.session.v1.WaitForTurnResponse.result:type_name -> hangar.session.v1.Turn
-	64, // 18: hangar.session.v1.OpenSessionResponse.session:type_name -> hangar.session.v1.Session
-	64, // 19: hangar.session.v1.KeepSessionResponse.session:type_name -> hangar.session.v1.Session
-	64, // 20: hangar.session.v1.SuspendSessionResponse.session:type_name -> hangar.session.v1.Session
-	64, // 21: hangar.session.v1.ArchiveSessionResponse.session:type_name -> hangar.session.v1.Session
-	67, // 22: hangar.session.v1.ListEventsResponse.events:type_name -> hangar.session.v1.Event
-	67, // 23: hangar.session.v1.StreamEventsResponse.event:type_name -> hangar.session.v1.Event
-	68, // 24: hangar.session.v1.ListArtifactsResponse.artifacts:type_name -> hangar.session.v1.Artifact
-	68, // 25: hangar.session.v1.GetArtifactResponse.artifact:type_name -> hangar.session.v1.Artifact
-	59, // 26: hangar.session.v1.ForkSessionRequest.harness:type_name -> hangar.session.v1.Harness
-	64, // 27: hangar.session.v1.ForkSessionResponse.forks:type_name -> hangar.session.v1.Session
-	64, // 28: hangar.session.v1.SteerTurnResponse.session:type_name -> hangar.session.v1.Session
-	65, // 29: hangar.session.v1.SteerTurnResponse.turn:type_name -> hangar.session.v1.Turn
-	64, // 30: hangar.session.v1.InterruptTurnResponse.session:type_name -> hangar.session.v1.Session
-	65, // 31: hangar.session.v1.InterruptTurnResponse.turn:type_name -> hangar.session.v1.Turn
-	69, // 32: hangar.session.v1.ListApprovalsResponse.approvals:type_name -> hangar.session.v1.Approval
-	69, // 33: hangar.session.v1.AnswerApprovalResponse.approval:type_name -> hangar.session.v1.Approval
-	70, // 34: hangar.session.v1.AcquireHoldRequest.kind:type_name -> hangar.session.v1.HoldKind
-	71, // 35: hangar.session.v1.AcquireHoldResponse.hold:type_name -> hangar.session.v1.Hold
-	71, // 36: hangar.session.v1.RenewHoldResponse.hold:type_name -> hangar.session.v1.Hold
-	72, // 37: hangar.session.v1.ReleaseHoldResponse.released_at:type_name -> google.protobuf.Timestamp
-	73, // 38: hangar.session.v1.CreateJobRequest.strategy:type_name -> hangar.session.v1.JobStrategy
-	61, // 39: hangar.session.v1.CreateJobRequest.budget:type_name -> hangar.session.v1.Budget
-	74, // 40: hangar.session.v1.CreateJobResponse.job:type_name -> hangar.session.v1.Job
-	74, // 41: hangar.session.v1.GetJobResponse.job:type_name -> hangar.session.v1.Job
-	74, // 42: hangar.session.v1.ListJobsResponse.jobs:type_name -> hangar.session.v1.Job
-	58, // 43: hangar.session.v1.StartInteractiveResponse.env:type_name -> hangar.session.v1.StartInteractiveResponse.EnvEntry
-	0,  // 44: hangar.session.v1.SessionService.CreateSession:input_type -> hangar.session.v1.CreateSessionRequest
-	2,  // 45: hangar.session.v1.SessionService.ListSessions:input_type -> hangar.session.v1.ListSessionsRequest
-	4,  // 46: hangar.session.v1.SessionService.GetSession:input_type -> hangar.session.v1.GetSessionRequest
-	6,  // 47: hangar.session.v1.SessionService.SendMessage:input_type -> hangar.session.v1.SendMessageRequest
-	8,  // 48: hangar.session.v1.SessionService.GetTurn:input_type -> hangar.session.v1.GetTurnRequest
-	10, // 49: hangar.session.v1.SessionService.WaitForTurn:input_type -> hangar.session.v1.WaitForTurnRequest
-	12, // 50: hangar.session.v1.SessionService.OpenSession:input_type -> hangar.session.v1.OpenSessionRequest
-	54, // 51: hangar.session.v1.SessionService.StartInteractive:input_type -> hangar.session.v1.StartInteractiveRequest
-	56, // 52: hangar.session.v1.SessionService.EndInteractive:input_type -> hangar.session.v1.EndInteractiveRequest
-	14, // 53: hangar.session.v1.SessionService.KeepSession:input_type -> hangar.session.v1.KeepSessionRequest
-	16, // 54: hangar.session.v1.SessionService.SuspendSession:input_type -> hangar.session.v1.SuspendSessionRequest
-	18, // 55: hangar.session.v1.SessionService.ArchiveSession:input_type -> hangar.session.v1.ArchiveSessionRequest
-	20, // 56: hangar.session.v1.SessionService.ListEvents:input_type -> hangar.session.v1.ListEventsRequest
-	22, // 57: hangar.session.v1.SessionService.StreamEvents:input_type -> hangar.session.v1.StreamEventsRequest
-	24, // 58: hangar.session.v1.SessionService.ListArtifacts:input_type -> hangar.session.v1.ListArtifactsRequest
-	26, // 59: hangar.session.v1.SessionService.GetArtifact:input_type -> hangar.session.v1.GetArtifactRequest
-	28, // 60: hangar.session.v1.SessionService.GetSessionPatch:input_type -> hangar.session.v1.GetSessionPatchRequest
-	30, // 61: hangar.session.v1.SessionService.GetSessionWork:input_type -> hangar.session.v1.GetSessionWorkRequest
-	32, // 62: hangar.session.v1.SessionService.ForkSession:input_type -> hangar.session.v1.ForkSessionRequest
-	34, // 63: hangar.session.v1.SessionService.SteerTurn:input_type -> hangar.session.v1.SteerTurnRequest
-	36, // 64: hangar.session.v1.SessionService.InterruptTurn:input_type -> hangar.session.v1.InterruptTurnRequest
-	38, // 65: hangar.session.v1.SessionService.ListApprovals:input_type -> hangar.session.v1.ListApprovalsRequest
-	40, // 66: hangar.session.v1.SessionService.AnswerApproval:input_type -> hangar.session.v1.AnswerApprovalRequest
-	42, // 67: hangar.session.v1.SessionService.AcquireHold:input_type -> hangar.session.v1.AcquireHoldRequest
-	44, // 68: hangar.session.v1.SessionService.RenewHold:input_type -> hangar.session.v1.RenewHoldRequest
-	46, // 69: hangar.session.v1.SessionService.ReleaseHold:input_type -> hangar.session.v1.ReleaseHoldRequest
-	48, // 70: hangar.session.v1.JobService.CreateJob:input_type -> hangar.session.v1.CreateJobRequest
-	50, // 71: hangar.session.v1.JobService.GetJob:input_type -> hangar.session.v1.GetJobRequest
-	52, // 72: hangar.session.v1.JobService.ListJobs:input_type -> hangar.session.v1.ListJobsRequest
-	1,  // 73: hangar.session.v1.SessionService.CreateSession:output_type -> hangar.session.v1.CreateSessionResponse
-	3,  // 74: hangar.session.v1.SessionService.ListSessions:output_type -> hangar.session.v1.ListSessionsResponse
-	5,  // 75: hangar.session.v1.SessionService.GetSession:output_type -> hangar.session.v1.GetSessionResponse
-	7,  // 76: hangar.session.v1.SessionService.SendMessage:output_type -> hangar.session.v1.SendMessageResponse
-	9,  // 77: hangar.session.v1.SessionService.GetTurn:output_type -> hangar.session.v1.GetTurnResponse
-	11, // 78: hangar.session.v1.SessionService.WaitForTurn:output_type -> hangar.session.v1.WaitForTurnResponse
-	13, // 79: hangar.session.v1.SessionService.OpenSession:output_type -> hangar.session.v1.OpenSessionResponse
-	55, // 80: hangar.session.v1.SessionService.StartInteractive:output_type -> hangar.session.v1.StartInteractiveResponse
-	57, // 81: hangar.session.v1.SessionService.EndInteractive:output_type -> hangar.session.v1.EndInteractiveResponse
-	15, // 82: hangar.session.v1.SessionService.KeepSession:output_type -> hangar.session.v1.KeepSessionResponse
-	17, // 83: hangar.session.v1.SessionService.SuspendSession:output_type -> hangar.session.v1.SuspendSessionResponse
-	19, // 84: hangar.session.v1.SessionService.ArchiveSession:output_type -> hangar.session.v1.ArchiveSessionResponse
-	21, // 85: hangar.session.v1.SessionService.ListEvents:output_type -> hangar.session.v1.ListEventsResponse
-	23, // 86: hangar.session.v1.SessionService.StreamEvents:output_type -> hangar.session.v1.StreamEventsResponse
-	25, // 87: hangar.session.v1.SessionService.ListArtifacts:output_type -> hangar.session.v1.ListArtifactsResponse
-	27, // 88: hangar.session.v1.SessionService.GetArtifact:output_type -> hangar.session.v1.GetArtifactResponse
-	29, // 89: hangar.session.v1.SessionService.GetSessionPatch:output_type -> hangar.session.v1.GetSessionPatchResponse
-	31, // 90: hangar.session.v1.SessionService.GetSessionWork:output_type -> hangar.session.v1.GetSessionWorkResponse
-	33, // 91: hangar.session.v1.SessionService.ForkSession:output_type -> hangar.session.v1.ForkSessionResponse
-	35, // 92: hangar.session.v1.SessionService.SteerTurn:output_type -> hangar.session.v1.SteerTurnResponse
-	37, // 93: hangar.session.v1.SessionService.InterruptTurn:output_type -> hangar.session.v1.InterruptTurnResponse
-	39, // 94: hangar.session.v1.SessionService.ListApprovals:output_type -> hangar.session.v1.ListApprovalsResponse
-	41, // 95: hangar.session.v1.SessionService.AnswerApproval:output_type -> hangar.session.v1.AnswerApprovalResponse
-	43, // 96: hangar.session.v1.SessionService.AcquireHold:output_type -> hangar.session.v1.AcquireHoldResponse
-	45, // 97: hangar.session.v1.SessionService.RenewHold:output_type -> hangar.session.v1.RenewHoldResponse
-	47, // 98: hangar.session.v1.SessionService.ReleaseHold:output_type -> hangar.session.v1.ReleaseHoldResponse
-	49, // 99: hangar.session.v1.JobService.CreateJob:output_type -> hangar.session.v1.CreateJobResponse
-	51, // 100: hangar.session.v1.JobService.GetJob:output_type -> hangar.session.v1.GetJobResponse
-	53, // 101: hangar.session.v1.JobService.ListJobs:output_type -> hangar.session.v1.ListJobsResponse
-	73, // [73:102] is the sub-list for method output_type
-	44, // [44:73] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	63, // 0: hangar.session.v1.CreateSessionRequest.harness:type_name -> hangar.session.v1.Harness
+	64, // 1: hangar.session.v1.CreateSessionRequest.attachments:type_name -> hangar.session.v1.Attachment
+	65, // 2: hangar.session.v1.CreateSessionRequest.budget:type_name -> hangar.session.v1.Budget
+	66, // 3: hangar.session.v1.CreateSessionRequest.from_local:type_name -> hangar.session.v1.LocalWork
+	67, // 4: hangar.session.v1.CreateSessionRequest.approvals:type_name -> hangar.session.v1.ApprovalMode
+	68, // 5: hangar.session.v1.CreateSessionResponse.session:type_name -> hangar.session.v1.Session
+	69, // 6: hangar.session.v1.CreateSessionResponse.turn:type_name -> hangar.session.v1.Turn
+	70, // 7: hangar.session.v1.ListSessionsRequest.states:type_name -> hangar.session.v1.SessionState
+	68, // 8: hangar.session.v1.ListSessionsResponse.sessions:type_name -> hangar.session.v1.Session
+	68, // 9: hangar.session.v1.GetSessionResponse.session:type_name -> hangar.session.v1.Session
+	64, // 10: hangar.session.v1.SendMessageRequest.attachments:type_name -> hangar.session.v1.Attachment
+	65, // 11: hangar.session.v1.SendMessageRequest.budget:type_name -> hangar.session.v1.Budget
+	63, // 12: hangar.session.v1.SendMessageRequest.harness:type_name -> hangar.session.v1.Harness
+	68, // 13: hangar.session.v1.SendMessageResponse.session:type_name -> hangar.session.v1.Session
+	69, // 14: hangar.session.v1.SendMessageResponse.turn:type_name -> hangar.session.v1.Turn
+	69, // 15: hangar.session.v1.GetTurnResponse.turn:type_name -> hangar.session.v1.Turn
+	71, // 16: hangar.session.v1.WaitForTurnResponse.progress:type_name -> hangar.session.v1.Event
+	69, // 17: hangar.session.v1.WaitForTurnResponse.result:type_name -> hangar.session.v1.Turn
+	68, // 18: hangar.session.v1.OpenSessionResponse.session:type_name -> hangar.session.v1.Session
+	68, // 19: hangar.session.v1.KeepSessionResponse.session:type_name -> hangar.session.v1.Session
+	68, // 20: hangar.session.v1.SuspendSessionResponse.session:type_name -> hangar.session.v1.Session
+	68, // 21: hangar.session.v1.ArchiveSessionResponse.session:type_name -> hangar.session.v1.Session
+	71, // 22: hangar.session.v1.ListEventsResponse.events:type_name -> hangar.session.v1.Event
+	71, // 23: hangar.session.v1.StreamEventsResponse.event:type_name -> hangar.session.v1.Event
+	72, // 24: hangar.session.v1.ListArtifactsResponse.artifacts:type_name -> hangar.session.v1.Artifact
+	72, // 25: hangar.session.v1.GetArtifactResponse.artifact:type_name -> hangar.session.v1.Artifact
+	63, // 26: hangar.session.v1.ForkSessionRequest.harness:type_name -> hangar.session.v1.Harness
+	68, // 27: hangar.session.v1.ForkSessionResponse.forks:type_name -> hangar.session.v1.Session
+	68, // 28: hangar.session.v1.SteerTurnResponse.session:type_name -> hangar.session.v1.Session
+	69, // 29: hangar.session.v1.SteerTurnResponse.turn:type_name -> hangar.session.v1.Turn
+	68, // 30: hangar.session.v1.InterruptTurnResponse.session:type_name -> hangar.session.v1.Session
+	69, // 31: hangar.session.v1.InterruptTurnResponse.turn:type_name -> hangar.session.v1.Turn
+	73, // 32: hangar.session.v1.ListApprovalsResponse.approvals:type_name -> hangar.session.v1.Approval
+	73, // 33: hangar.session.v1.AnswerApprovalResponse.approval:type_name -> hangar.session.v1.Approval
+	74, // 34: hangar.session.v1.AcquireHoldRequest.kind:type_name -> hangar.session.v1.HoldKind
+	75, // 35: hangar.session.v1.AcquireHoldResponse.hold:type_name -> hangar.session.v1.Hold
+	75, // 36: hangar.session.v1.RenewHoldResponse.hold:type_name -> hangar.session.v1.Hold
+	76, // 37: hangar.session.v1.ReleaseHoldResponse.released_at:type_name -> google.protobuf.Timestamp
+	77, // 38: hangar.session.v1.CreateJobRequest.strategy:type_name -> hangar.session.v1.JobStrategy
+	65, // 39: hangar.session.v1.CreateJobRequest.budget:type_name -> hangar.session.v1.Budget
+	78, // 40: hangar.session.v1.CreateJobResponse.job:type_name -> hangar.session.v1.Job
+	78, // 41: hangar.session.v1.GetJobResponse.job:type_name -> hangar.session.v1.Job
+	78, // 42: hangar.session.v1.ListJobsResponse.jobs:type_name -> hangar.session.v1.Job
+	62, // 43: hangar.session.v1.StartInteractiveResponse.env:type_name -> hangar.session.v1.StartInteractiveResponse.EnvEntry
+	79, // 44: hangar.session.v1.ListHarnessLocksResponse.locks:type_name -> hangar.session.v1.HarnessLock
+	79, // 45: hangar.session.v1.GetHarnessLockResponse.lock:type_name -> hangar.session.v1.HarnessLock
+	0,  // 46: hangar.session.v1.SessionService.CreateSession:input_type -> hangar.session.v1.CreateSessionRequest
+	2,  // 47: hangar.session.v1.SessionService.ListSessions:input_type -> hangar.session.v1.ListSessionsRequest
+	4,  // 48: hangar.session.v1.SessionService.GetSession:input_type -> hangar.session.v1.GetSessionRequest
+	6,  // 49: hangar.session.v1.SessionService.SendMessage:input_type -> hangar.session.v1.SendMessageRequest
+	8,  // 50: hangar.session.v1.SessionService.GetTurn:input_type -> hangar.session.v1.GetTurnRequest
+	10, // 51: hangar.session.v1.SessionService.WaitForTurn:input_type -> hangar.session.v1.WaitForTurnRequest
+	12, // 52: hangar.session.v1.SessionService.OpenSession:input_type -> hangar.session.v1.OpenSessionRequest
+	54, // 53: hangar.session.v1.SessionService.StartInteractive:input_type -> hangar.session.v1.StartInteractiveRequest
+	56, // 54: hangar.session.v1.SessionService.EndInteractive:input_type -> hangar.session.v1.EndInteractiveRequest
+	14, // 55: hangar.session.v1.SessionService.KeepSession:input_type -> hangar.session.v1.KeepSessionRequest
+	16, // 56: hangar.session.v1.SessionService.SuspendSession:input_type -> hangar.session.v1.SuspendSessionRequest
+	18, // 57: hangar.session.v1.SessionService.ArchiveSession:input_type -> hangar.session.v1.ArchiveSessionRequest
+	20, // 58: hangar.session.v1.SessionService.ListEvents:input_type -> hangar.session.v1.ListEventsRequest
+	22, // 59: hangar.session.v1.SessionService.StreamEvents:input_type -> hangar.session.v1.StreamEventsRequest
+	24, // 60: hangar.session.v1.SessionService.ListArtifacts:input_type -> hangar.session.v1.ListArtifactsRequest
+	26, // 61: hangar.session.v1.SessionService.GetArtifact:input_type -> hangar.session.v1.GetArtifactRequest
+	28, // 62: hangar.session.v1.SessionService.GetSessionPatch:input_type -> hangar.session.v1.GetSessionPatchRequest
+	30, // 63: hangar.session.v1.SessionService.GetSessionWork:input_type -> hangar.session.v1.GetSessionWorkRequest
+	32, // 64: hangar.session.v1.SessionService.ForkSession:input_type -> hangar.session.v1.ForkSessionRequest
+	34, // 65: hangar.session.v1.SessionService.SteerTurn:input_type -> hangar.session.v1.SteerTurnRequest
+	36, // 66: hangar.session.v1.SessionService.InterruptTurn:input_type -> hangar.session.v1.InterruptTurnRequest
+	38, // 67: hangar.session.v1.SessionService.ListApprovals:input_type -> hangar.session.v1.ListApprovalsRequest
+	40, // 68: hangar.session.v1.SessionService.AnswerApproval:input_type -> hangar.session.v1.AnswerApprovalRequest
+	42, // 69: hangar.session.v1.SessionService.AcquireHold:input_type -> hangar.session.v1.AcquireHoldRequest
+	44, // 70: hangar.session.v1.SessionService.RenewHold:input_type -> hangar.session.v1.RenewHoldRequest
+	46, // 71: hangar.session.v1.SessionService.ReleaseHold:input_type -> hangar.session.v1.ReleaseHoldRequest
+	58, // 72: hangar.session.v1.SessionService.ListHarnessLocks:input_type -> hangar.session.v1.ListHarnessLocksRequest
+	60, // 73: hangar.session.v1.SessionService.GetHarnessLock:input_type -> hangar.session.v1.GetHarnessLockRequest
+	48, // 74: hangar.session.v1.JobService.CreateJob:input_type -> hangar.session.v1.CreateJobRequest
+	50, // 75: hangar.session.v1.JobService.GetJob:input_type -> hangar.session.v1.GetJobRequest
+	52, // 76: hangar.session.v1.JobService.ListJobs:input_type -> hangar.session.v1.ListJobsRequest
+	1,  // 77: hangar.session.v1.SessionService.CreateSession:output_type -> hangar.session.v1.CreateSessionResponse
+	3,  // 78: hangar.session.v1.SessionService.ListSessions:output_type -> hangar.session.v1.ListSessionsResponse
+	5,  // 79: hangar.session.v1.SessionService.GetSession:output_type -> hangar.session.v1.GetSessionResponse
+	7,  // 80: hangar.session.v1.SessionService.SendMessage:output_type -> hangar.session.v1.SendMessageResponse
+	9,  // 81: hangar.session.v1.SessionService.GetTurn:output_type -> hangar.session.v1.GetTurnResponse
+	11, // 82: hangar.session.v1.SessionService.WaitForTurn:output_type -> hangar.session.v1.WaitForTurnResponse
+	13, // 83: hangar.session.v1.SessionService.OpenSession:output_type -> hangar.session.v1.OpenSessionResponse
+	55, // 84: hangar.session.v1.SessionService.StartInteractive:output_type -> hangar.session.v1.StartInteractiveResponse
+	57, // 85: hangar.session.v1.SessionService.EndInteractive:output_type -> hangar.session.v1.EndInteractiveResponse
+	15, // 86: hangar.session.v1.SessionService.KeepSession:output_type -> hangar.session.v1.KeepSessionResponse
+	17, // 87: hangar.session.v1.SessionService.SuspendSession:output_type -> hangar.session.v1.SuspendSessionResponse
+	19, // 88: hangar.session.v1.SessionService.ArchiveSession:output_type -> hangar.session.v1.ArchiveSessionResponse
+	21, // 89: hangar.session.v1.SessionService.ListEvents:output_type -> hangar.session.v1.ListEventsResponse
+	23, // 90: hangar.session.v1.SessionService.StreamEvents:output_type -> hangar.session.v1.StreamEventsResponse
+	25, // 91: hangar.session.v1.SessionService.ListArtifacts:output_type -> hangar.session.v1.ListArtifactsResponse
+	27, // 92: hangar.session.v1.SessionService.GetArtifact:output_type -> hangar.session.v1.GetArtifactResponse
+	29, // 93: hangar.session.v1.SessionService.GetSessionPatch:output_type -> hangar.session.v1.GetSessionPatchResponse
+	31, // 94: hangar.session.v1.SessionService.GetSessionWork:output_type -> hangar.session.v1.GetSessionWorkResponse
+	33, // 95: hangar.session.v1.SessionService.ForkSession:output_type -> hangar.session.v1.ForkSessionResponse
+	35, // 96: hangar.session.v1.SessionService.SteerTurn:output_type -> hangar.session.v1.SteerTurnResponse
+	37, // 97: hangar.session.v1.SessionService.InterruptTurn:output_type -> hangar.session.v1.InterruptTurnResponse
+	39, // 98: hangar.session.v1.SessionService.ListApprovals:output_type -> hangar.session.v1.ListApprovalsResponse
+	41, // 99: hangar.session.v1.SessionService.AnswerApproval:output_type -> hangar.session.v1.AnswerApprovalResponse
+	43, // 100: hangar.session.v1.SessionService.AcquireHold:output_type -> hangar.session.v1.AcquireHoldResponse
+	45, // 101: hangar.session.v1.SessionService.RenewHold:output_type -> hangar.session.v1.RenewHoldResponse
+	47, // 102: hangar.session.v1.SessionService.ReleaseHold:output_type -> hangar.session.v1.ReleaseHoldResponse
+	59, // 103: hangar.session.v1.SessionService.ListHarnessLocks:output_type -> hangar.session.v1.ListHarnessLocksResponse
+	61, // 104: hangar.session.v1.SessionService.GetHarnessLock:output_type -> hangar.session.v1.GetHarnessLockResponse
+	49, // 105: hangar.session.v1.JobService.CreateJob:output_type -> hangar.session.v1.CreateJobResponse
+	51, // 106: hangar.session.v1.JobService.GetJob:output_type -> hangar.session.v1.GetJobResponse
+	53, // 107: hangar.session.v1.JobService.ListJobs:output_type -> hangar.session.v1.ListJobsResponse
+	77, // [77:108] is the sub-list for method output_type
+	46, // [46:77] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_hangar_session_v1_service_proto_init() }
@@ -3763,7 +3973,7 @@ func file_hangar_session_v1_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hangar_session_v1_service_proto_rawDesc), len(file_hangar_session_v1_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   59,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

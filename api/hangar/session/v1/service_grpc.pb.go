@@ -45,6 +45,8 @@ const (
 	SessionService_AcquireHold_FullMethodName      = "/hangar.session.v1.SessionService/AcquireHold"
 	SessionService_RenewHold_FullMethodName        = "/hangar.session.v1.SessionService/RenewHold"
 	SessionService_ReleaseHold_FullMethodName      = "/hangar.session.v1.SessionService/ReleaseHold"
+	SessionService_ListHarnessLocks_FullMethodName = "/hangar.session.v1.SessionService/ListHarnessLocks"
+	SessionService_GetHarnessLock_FullMethodName   = "/hangar.session.v1.SessionService/GetHarnessLock"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -116,6 +118,12 @@ type SessionServiceClient interface {
 	RenewHold(ctx context.Context, in *RenewHoldRequest, opts ...grpc.CallOption) (*RenewHoldResponse, error)
 	// Ends a hold; the idle clock starts when the last one ends.
 	ReleaseHold(ctx context.Context, in *ReleaseHoldRequest, opts ...grpc.CallOption) (*ReleaseHoldResponse, error)
+	// harness lock list: the newest revision of every lock in
+	// harnesses.lock.yaml of HANGAR_HARNESS_REPO.
+	ListHarnessLocks(ctx context.Context, in *ListHarnessLocksRequest, opts ...grpc.CallOption) (*ListHarnessLocksResponse, error)
+	// harness lock get NAME[@rREV]: one revision of a lock (the newest
+	// without @r).
+	GetHarnessLock(ctx context.Context, in *GetHarnessLockRequest, opts ...grpc.CallOption) (*GetHarnessLockResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -404,6 +412,26 @@ func (c *sessionServiceClient) ReleaseHold(ctx context.Context, in *ReleaseHoldR
 	return out, nil
 }
 
+func (c *sessionServiceClient) ListHarnessLocks(ctx context.Context, in *ListHarnessLocksRequest, opts ...grpc.CallOption) (*ListHarnessLocksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListHarnessLocksResponse)
+	err := c.cc.Invoke(ctx, SessionService_ListHarnessLocks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) GetHarnessLock(ctx context.Context, in *GetHarnessLockRequest, opts ...grpc.CallOption) (*GetHarnessLockResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetHarnessLockResponse)
+	err := c.cc.Invoke(ctx, SessionService_GetHarnessLock_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -473,6 +501,12 @@ type SessionServiceServer interface {
 	RenewHold(context.Context, *RenewHoldRequest) (*RenewHoldResponse, error)
 	// Ends a hold; the idle clock starts when the last one ends.
 	ReleaseHold(context.Context, *ReleaseHoldRequest) (*ReleaseHoldResponse, error)
+	// harness lock list: the newest revision of every lock in
+	// harnesses.lock.yaml of HANGAR_HARNESS_REPO.
+	ListHarnessLocks(context.Context, *ListHarnessLocksRequest) (*ListHarnessLocksResponse, error)
+	// harness lock get NAME[@rREV]: one revision of a lock (the newest
+	// without @r).
+	GetHarnessLock(context.Context, *GetHarnessLockRequest) (*GetHarnessLockResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -560,6 +594,12 @@ func (UnimplementedSessionServiceServer) RenewHold(context.Context, *RenewHoldRe
 }
 func (UnimplementedSessionServiceServer) ReleaseHold(context.Context, *ReleaseHoldRequest) (*ReleaseHoldResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReleaseHold not implemented")
+}
+func (UnimplementedSessionServiceServer) ListHarnessLocks(context.Context, *ListHarnessLocksRequest) (*ListHarnessLocksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListHarnessLocks not implemented")
+}
+func (UnimplementedSessionServiceServer) GetHarnessLock(context.Context, *GetHarnessLockRequest) (*GetHarnessLockResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetHarnessLock not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -1036,6 +1076,42 @@ func _SessionService_ReleaseHold_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_ListHarnessLocks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListHarnessLocksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ListHarnessLocks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_ListHarnessLocks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ListHarnessLocks(ctx, req.(*ListHarnessLocksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_GetHarnessLock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetHarnessLockRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).GetHarnessLock(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_GetHarnessLock_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).GetHarnessLock(ctx, req.(*GetHarnessLockRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1138,6 +1214,14 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseHold",
 			Handler:    _SessionService_ReleaseHold_Handler,
+		},
+		{
+			MethodName: "ListHarnessLocks",
+			Handler:    _SessionService_ListHarnessLocks_Handler,
+		},
+		{
+			MethodName: "GetHarnessLock",
+			Handler:    _SessionService_GetHarnessLock_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
