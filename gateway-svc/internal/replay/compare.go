@@ -53,13 +53,15 @@ type Canon struct {
 	TapeSession, Session string
 }
 
-// apply rewrites b's volatile text to a fixed form: the date line, and
-// the session's work tree path.
+// apply rewrites b's volatile text to a fixed form: the date line, the
+// session's work tree path and its branch.
 func (c Canon) apply(b []byte, session string) []byte {
 	b = dateLine.ReplaceAll(b, []byte("${1}<date>"))
 	if session != "" {
 		b = bytes.ReplaceAll(b, []byte("/"+session+"/work"), []byte("/<session>/work"))
 		b = bytes.ReplaceAll(b, []byte("-"+session+"-work"), []byte("-<session>-work"))
+		// The session's branch, which a CLI's git context names.
+		b = bytes.ReplaceAll(b, []byte("hangar/session/"+session), []byte("hangar/session/<session>"))
 	}
 	return b
 }
