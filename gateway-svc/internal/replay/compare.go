@@ -48,8 +48,9 @@ var dateLine = regexp.MustCompile(`(Today's date is |Today's date: |<current_dat
 // ids and dates: the work tree path, which holds the session's name.
 type Canon struct {
 	// TapeSession is the session the taped run belonged to; Session the
-	// replaying run's. Their work tree paths (.../<session>/work) and Claude
-	// Code's project directory names (-...-<session>-work) compare equal.
+	// replaying run's. Their work tree and home paths (.../<session>/work,
+	// .../<session>/home) and Claude Code's project directory names
+	// (-...-<session>-work) compare equal.
 	TapeSession, Session string
 }
 
@@ -59,6 +60,7 @@ func (c Canon) apply(b []byte, session string) []byte {
 	b = dateLine.ReplaceAll(b, []byte("${1}<date>"))
 	if session != "" {
 		b = bytes.ReplaceAll(b, []byte("/"+session+"/work"), []byte("/<session>/work"))
+		b = bytes.ReplaceAll(b, []byte("/"+session+"/home"), []byte("/<session>/home"))
 		b = bytes.ReplaceAll(b, []byte("-"+session+"-work"), []byte("-<session>-work"))
 		// The session's branch, which a CLI's git context names.
 		b = bytes.ReplaceAll(b, []byte("hangar/session/"+session), []byte("hangar/session/<session>"))
