@@ -26,8 +26,11 @@ import (
 // replaySteps is how many tool steps the recorded run makes.
 const replaySteps = 6
 
+// replayStepCmd is tool step k: it appends a line naming the session that
+// ran it (the sandbox directory is named after the session) and prints the
+// same thing in every session.
 func replayStepCmd(k int) string {
-	return fmt.Sprintf(`printf 'step %d\n' >> steps.txt && echo step-%d-done`, k, k)
+	return fmt.Sprintf(`echo "step %d $(basename "$(dirname "$PWD")")" >> steps.txt && echo step-%d-done`, k, k)
 }
 
 // replayTrialCmd is a trial's own work: it names its session (the sandbox
@@ -187,9 +190,13 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 			}
 			sb = s.get(t, tr.GetSession()).GetSandboxId()
 		}
-		// Steps 1-3 rebuilt by the replay, then the trial's own work.
-		if got := s.mustExec(t, sb, "cat steps.txt; cat trial.txt"); !strings.HasPrefix(got, "step 1\nstep 2\nstep 3\n") || !strings.Contains(got, tr.GetSession()) {
-			t.Errorf("trial %s's tree:\n%s", tr.GetId(), got)
+		// Steps 1-3 rebuilt by the replay (in the prefix session), then
+		// the trial's own continuation, live, in its own session: the
+		// harness resumed the prefix's conversation after step 3.
+		got := s.mustExec(t, sb, "cat steps.txt")
+		want := fmt.Sprintf("step 1 %[1]s\nstep 2 %[1]s\nstep 3 %[1]s\nstep 4 %[2]s\n", f.GetPrefixSession(), tr.GetSession())
+		if !strings.HasPrefix(got, want) {
+			t.Errorf("trial %s's steps.txt:\n%s\nwant it to start with:\n%s", tr.GetId(), got, want)
 		}
 		// The trial's run went live: its tape's answers came from upstream.
 		tape, err := s.gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: tr.GetRun()})
@@ -258,5 +265,59 @@ func TestForkAtStepBadInput(t *testing.T) {
 	}
 	if _, err := s.replay.GetTrial(ctx, &replayv1.GetTrialRequest{Trial: "job-nope.1"}); status.Code(err) != codes.NotFound {
 		t.Errorf("unknown trial: %v", err)
+	}
+}
+
+// dialReplay returns a replay client of s.
+func dialReplay(t *testing.T, s *stack) replayv1.ReplayServiceClient { return dialReplayTB(t, s) }
+
+func dialReplayTB(t testing.TB, s *stack) replayv1.ReplayServiceClient {
+	t.Helper()
+	conn, err := client.Endpoint{URL: s.env["HANGAR_URL"], Token: s.env["HANGAR_TOKEN"]}.Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return replayv1.NewReplayServiceClient(conn)
+}
+
+// TestForkAtStepRestart: hangar stops while a prefix is being replayed; the
+// fork is carried on after the restart and settles (never replaying
+// forever).
+func TestForkAtStepRestart(t *testing.T) {
+	s := replayStart(t)
+	ctx := context.Background()
+	run, steps := s.record(t, "restart-claude", sessionv1.Harness_HARNESS_CLAUDE, "Please do the replay task.")
+	resp, err := s.replay.ForkRun(ctx, &replayv1.ForkRunRequest{Run: run, AtSeq: int32(len(steps)), Continuations: proto.Int32(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetStatus() != replayv1.ForkStatus_FORK_STATUS_REPLAYING {
+		t.Fatalf("wait_seconds 0: status %v, want replaying", resp.GetStatus())
+	}
+	again := &replayStack{stack: s.restart(t)}
+	again.replay = dialReplay(t, again.stack)
+	deadline := time.Now().Add(6 * time.Minute)
+	for {
+		f, err := again.replay.GetFork(ctx, &replayv1.GetForkRequest{Fork: resp.GetFork()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := f.GetFork().GetStatus(); st != replayv1.ForkStatus_FORK_STATUS_REPLAYING {
+			// Verified when the prefix session's turn survived the restart;
+			// failed (saying why) when it did not.
+			if st != replayv1.ForkStatus_FORK_STATUS_VERIFIED && (st != replayv1.ForkStatus_FORK_STATUS_FAILED || f.GetFork().GetStatusReason() == "") {
+				t.Errorf("after the restart: %v (%s) %v", st, f.GetFork().GetStatusReason(), f.GetFork().GetDivergence())
+			}
+			t.Logf("after the restart: %v (%s)", st, f.GetFork().GetStatusReason())
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fork still replaying after the restart: %v", f.GetFork())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 }
