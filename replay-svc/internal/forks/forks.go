@@ -356,16 +356,33 @@ func (m *Manager) replay(ctx context.Context, id string) {
 // failureReason is what a user reads: a fault's own message, else a
 // generic one (internal error text stays in the log).
 func failureReason(err error) string {
-	var fe *fault.Error
-	if errors.As(err, &fe) {
-		return fault.Status(err).Message()
-	}
 	var ue userError
 	if errors.As(err, &ue) {
 		return string(ue)
 	}
-	return "the replay could not be carried out (see replay-svc's log)"
+	what := "the replay could not be carried out"
+	var se stageError
+	if errors.As(err, &se) {
+		what = "the replay failed while " + se.stage
+	}
+	// Another service's answer is for users (its interceptor keeps
+	// internal text out); this service's own internal errors are not.
+	if st := fault.Status(err); st.Code() != codes.Unknown && st.Code() != codes.Internal {
+		return what + ": " + st.Message()
+	}
+	return what + " (see replay-svc's log)"
 }
+
+// stageError says which step of a replay failed.
+type stageError struct {
+	stage string
+	err   error
+}
+
+func (e stageError) Error() string { return e.stage + ": " + e.err.Error() }
+func (e stageError) Unwrap() error { return e.err }
+
+func stage(what string, err error) error { return stageError{stage: what, err: err} }
 
 // userError is a failure whose text is for the user.
 type userError string
@@ -387,11 +404,11 @@ func (m *Manager) saveTrial(ctx context.Context, t *replayv1.Trial) {
 func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 	run, err := m.o.Gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: f.GetRun()})
 	if err != nil {
-		return fmt.Errorf("get run %s: %w", f.GetRun(), err)
+		return stage("reading the run", err)
 	}
 	src, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: run.GetRun().GetSession()})
 	if err != nil {
-		return fmt.Errorf("get session %s: %w", run.GetRun().GetSession(), err)
+		return stage("reading the run's session", err)
 	}
 	prefix := f.GetPrefixSession()
 	if _, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: prefix}); fault.Status(err).Code() == codes.NotFound {
@@ -406,7 +423,7 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 			TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
 			AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP,
 		}}); err != nil {
-			return fmt.Errorf("arm the replay of %s: %w", prefix, err)
+			return stage("arming the gateway for the prefix session", err)
 		}
 		s := src.GetSession()
 		if _, err := m.o.Sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
@@ -416,18 +433,32 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 			// what a broken replay could spend.
 			Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()},
 		}); err != nil && fault.Status(err).Code() != codes.AlreadyExists {
-			return fmt.Errorf("create prefix session %s: %w", prefix, err)
+			return stage("creating the prefix session", err)
 		}
 	} else if err != nil {
-		return fmt.Errorf("get prefix session %s: %w", prefix, err)
+		return stage("reading the prefix session", err)
 	}
 	turn, err := m.waitTurn(ctx, prefix, 1)
 	if err != nil {
-		return err
+		return stage("waiting for the prefix session's turn", err)
+	}
+	if turn.GetRunId() == "" {
+		return userError(fmt.Sprintf("the prefix session's turn ended before its model run started: %s", turn.GetOutcomeReason()))
 	}
 	div, err := m.o.Gateway.GetDivergence(ctx, &gatewayv1.GetDivergenceRequest{Run: turn.GetRunId()})
 	if err != nil {
-		return fmt.Errorf("divergence of %s: %w", turn.GetRunId(), err)
+		return stage("reading the prefix run's divergence", err)
+	}
+	if turn.GetOutcome() == sessionv1.TurnOutcome_TURN_OUTCOME_INTERRUPTED && div.GetDivergence() == nil && div.GetReplayedSteps() < f.GetAtSeq() {
+		// Stopped half way (a restart drained it): rebuild again in a
+		// fresh session, a few times at most.
+		attempt := prefixAttempt(f.GetFork(), prefix)
+		if attempt >= maxPrefixAttempts {
+			return userError(fmt.Sprintf("the prefix replay was interrupted %d times: %s", attempt, turn.GetOutcomeReason()))
+		}
+		f.PrefixSession = fmt.Sprintf("%s-prefix-%d", f.GetFork(), attempt+1)
+		m.saveFork(ctx, f)
+		return m.rebuild(ctx, f)
 	}
 	f.ReplayedSteps = div.GetReplayedSteps()
 	if d := div.GetDivergence(); d != nil {
@@ -471,6 +502,19 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 	return nil
 }
 
+// maxPrefixAttempts bounds how often an interrupted prefix is rebuilt.
+const maxPrefixAttempts = 3
+
+// prefixAttempt is which attempt the prefix session name is: <fork>-prefix
+// is 1, <fork>-prefix-<n> is n.
+func prefixAttempt(fork, name string) int {
+	n, err := strconv.Atoi(strings.TrimPrefix(name, fork+"-prefix-"))
+	if err != nil {
+		return 1
+	}
+	return n
+}
+
 // trialSession is the session trial n of fork runs in.
 func trialSession(fork string, n int) string { return fork + "-" + strconv.Itoa(n) }
 
@@ -493,7 +537,7 @@ func (m *Manager) startTrials(ctx context.Context, f *replayv1.Fork) error {
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("fork %s for the trials: %w", f.GetPrefixSession(), err)
+			return stage("forking the prefix session for the trials", err)
 		}
 		missing = missing[len(batch):]
 	}
@@ -512,7 +556,7 @@ func (m *Manager) startTrials(ctx context.Context, f *replayv1.Fork) error {
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("start trial %s: %w", t.GetId(), err)
+			return stage("starting trial "+t.GetId(), err)
 		}
 		t.Run, t.Status = turn.GetRunId(), replayv1.TrialStatus_TRIAL_STATUS_LIVE
 		m.saveTrial(ctx, t)
