@@ -419,20 +419,29 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 		// Arm the gateway first: the prefix session's first run replays
 		// from its first call, and stops after checking the request that
 		// follows step N.
-		if _, err := m.o.Gateway.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: prefix, Replay: &gatewayv1.Replay{
-			TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
-			AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP,
-		}}); err != nil {
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Gateway.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: prefix, Replay: &gatewayv1.Replay{
+				TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
+				AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP,
+			}})
+			return err
+		}); err != nil {
 			return stage("arming the gateway for the prefix session", err)
 		}
 		s := src.GetSession()
-		if _, err := m.o.Sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
-			Name: prefix, Environment: s.GetEnvironment(), Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
-			BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetRun().GetModel(),
-			// The taped steps make no model call; the budget only bounds
-			// what a broken replay could spend.
-			Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()},
-		}); err != nil && fault.Status(err).Code() != codes.AlreadyExists {
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
+				Name: prefix, Environment: s.GetEnvironment(), Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
+				BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetRun().GetModel(),
+				// The taped steps make no model call; the budget only
+				// bounds what a broken replay could spend.
+				Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()},
+			})
+			if fault.Status(err).Code() == codes.AlreadyExists {
+				return nil
+			}
+			return err
+		}); err != nil {
 			return stage("creating the prefix session", err)
 		}
 	} else if err != nil {
@@ -580,6 +589,26 @@ func (m *Manager) retry(ctx context.Context, call func() error) error {
 				return err
 			}
 		default:
+			return err
+		}
+		t := time.NewTimer(m.o.Retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// retryUnavailable runs call until it succeeds, fails for a reason other
+// than a service that is down or draining (Unavailable), or Settle passes.
+// A shutdown cancels ctx: the fork stays replaying for the next start.
+func (m *Manager) retryUnavailable(ctx context.Context, call func() error) error {
+	deadline := m.o.Now().Add(m.o.Settle)
+	for {
+		err := call()
+		if fault.Status(err).Code() != codes.Unavailable || m.o.Now().After(deadline) {
 			return err
 		}
 		t := time.NewTimer(m.o.Retry)
