@@ -384,7 +384,7 @@ func TestForkAtStepRESTAndCLI(t *testing.T) {
 	if err != nil || !strings.Contains(out, "verified") {
 		t.Errorf("hangar run fork -w: %v\n%s%s", err, out, stderr)
 	}
-	if _, stderr, err := s.run(t, "", "trial", "get", "job-nope.1"); err == nil || !strings.Contains(stderr, "job-nope.1") {
+	if _, stderr, err := s.run(t, "", "trial", "get", "job-nope.1"); err == nil || !strings.Contains(err.Error()+stderr, "job-nope.1") {
 		t.Errorf("hangar trial get of an unknown trial: %v %s", err, stderr)
 	}
 }

@@ -447,6 +447,22 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 	} else if err != nil {
 		return stage("reading the prefix session", err)
 	}
+	// A session made while session-svc was draining has no turn yet.
+	if got, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: prefix}); err != nil {
+		return stage("reading the prefix session", err)
+	} else if len(got.GetSession().GetTurns()) == 0 {
+		tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
+		if err != nil || len(tape.GetSteps()) == 0 {
+			return userError(fmt.Sprintf("the tape of run %s could not be read: it may have expired", f.GetRun()))
+		}
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: prefix, Message: Prompt(tape.GetSteps()[0]),
+				Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()}})
+			return err
+		}); err != nil {
+			return stage("starting the prefix session's turn", err)
+		}
+	}
 	turn, err := m.waitTurn(ctx, prefix, 1)
 	if err != nil {
 		return stage("waiting for the prefix session's turn", err)
