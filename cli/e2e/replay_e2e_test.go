@@ -310,9 +310,8 @@ func TestForkAtStepRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		if st := f.GetFork().GetStatus(); st != replayv1.ForkStatus_FORK_STATUS_REPLAYING {
-			// Verified when the prefix session's turn survived the restart;
-			// failed (saying why) when it did not.
-			if st != replayv1.ForkStatus_FORK_STATUS_VERIFIED && (st != replayv1.ForkStatus_FORK_STATUS_FAILED || f.GetFork().GetStatusReason() == "") {
+			// The prefix went on, or was rebuilt again after the restart.
+			if st != replayv1.ForkStatus_FORK_STATUS_VERIFIED {
 				t.Errorf("after the restart: %v (%s) %v", st, f.GetFork().GetStatusReason(), f.GetFork().GetDivergence())
 			}
 			t.Logf("after the restart: %v (%s)", st, f.GetFork().GetStatusReason())

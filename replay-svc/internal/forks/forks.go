@@ -474,12 +474,14 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 	if err != nil {
 		return stage("reading the prefix run's divergence", err)
 	}
-	if turn.GetOutcome() == sessionv1.TurnOutcome_TURN_OUTCOME_INTERRUPTED && div.GetDivergence() == nil && div.GetReplayedSteps() < f.GetAtSeq() {
-		// Stopped half way (a restart drained it): rebuild again in a
-		// fresh session, a few times at most.
+	if div.GetDivergence() == nil && div.GetReplayedSteps() < f.GetAtSeq() {
+		// Stopped half way without a divergence (a restart drained it,
+		// the harness died): rebuild again in a fresh session, a few
+		// times at most.
 		attempt := prefixAttempt(f.GetFork(), prefix)
 		if attempt >= maxPrefixAttempts {
-			return userError(fmt.Sprintf("the prefix replay was interrupted %d times: %s", attempt, turn.GetOutcomeReason()))
+			return userError(fmt.Sprintf("the prefix replay stopped short %d times (last after %d of %d steps, without a divergence): %s",
+				attempt, div.GetReplayedSteps(), f.GetAtSeq(), strings.TrimSpace(turn.GetOutcomeReason())))
 		}
 		f.PrefixSession = fmt.Sprintf("%s-prefix-%d", f.GetFork(), attempt+1)
 		m.saveFork(ctx, f)
@@ -492,9 +494,6 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 		if len(f.GetTrialIds()) > 0 {
 			f.Divergence.Trial = f.GetTrialIds()[0]
 		}
-	} else if f.GetReplayedSteps() < f.GetAtSeq() {
-		return userError(fmt.Sprintf("the prefix replay ended after %d of %d steps without a divergence: %s",
-			f.GetReplayedSteps(), f.GetAtSeq(), strings.TrimSpace(turn.GetOutcomeReason())))
 	}
 	if f.GetDivergence() != nil {
 		f.Status = replayv1.ForkStatus_FORK_STATUS_DIVERGED
