@@ -361,7 +361,7 @@ func TestForkAtStepRESTAndCLI(t *testing.T) {
 	fork, _ := body["fork"].(string)
 	code, got := s.rest(t, http.MethodGet, "/api/forks/"+fork, "")
 	f, _ := got["fork"].(map[string]any)
-	if code != http.StatusOK || f["fork"] != fork || f["run"] != run || f["at_seq"] == nil || f["trials"] == nil || !strings.Contains(fmt.Sprint(f["status"]), "VERIFIED") {
+	if code != http.StatusOK || f["fork"] != fork || f["run"] != run || f["at_seq"] == nil || f["trials"] == nil || !strings.Contains(strings.ToLower(fmt.Sprint(f["status"])), "verified") {
 		t.Errorf("GET fork: %d %v", code, got)
 	}
 	if code, got := s.rest(t, http.MethodPost, "/api/runs/"+run+"/fork", `{"at_seq": 999}`); code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(got), "at_seq") {
