@@ -38,6 +38,7 @@ func Root(streams Streams, lookupEnv func(string) (string, bool)) *cobra.Command
 	root.AddCommand(checkpointCommand(streams, lookupEnv))
 	root.AddCommand(jobCommand(streams, lookupEnv))
 	root.AddCommand(mcpCommand(streams, lookupEnv))
+	root.AddCommand(runCommand(streams, lookupEnv), forkCommand(streams, lookupEnv), trialCommand(streams, lookupEnv))
 	root.AddCommand(versionCommand(streams))
 	root.Version = version()
 	root.SetVersionTemplate("hangar {{.Version}}\n")

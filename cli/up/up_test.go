@@ -194,11 +194,10 @@ func TestFrontDoorRoutesToServices(t *testing.T) {
 
 	checkHTTP(t, stack.URL+"/api/sessions", "", http.StatusUnauthorized)
 	// Answers from the services themselves: the route and the token got the
-	// calls there (the replay service answers Unimplemented, 501, until its
-	// issue lands).
+	// calls there.
 	checkHTTP(t, stack.URL+"/api/sessions", stack.Token, http.StatusOK)
 	checkHTTP(t, stack.URL+"/api/sessions/nope", stack.Token, http.StatusNotFound)
-	checkHTTP(t, stack.URL+"/api/forks/job-1", stack.Token, http.StatusNotImplemented)
+	checkHTTP(t, stack.URL+"/api/forks/job-1", stack.Token, http.StatusNotFound)
 }
 
 // TestStartMakesSecrets checks the token and vault key files and their modes,

@@ -22,47 +22,33 @@ import (
 func (h *Handler) replayStep(w http.ResponseWriter, r *http.Request, c *call, rp *gatewayv1.Replay) bool {
 	ctx := r.Context()
 	seq := c.step.Seq
-	if seq > rp.GetAtSeq() {
-		if rp.GetAfterPrefix() == gatewayv1.AfterPrefix_AFTER_PREFIX_STOP {
-			reason := fmt.Sprintf("replay of %s ended after step %d", rp.GetTapeRun(), rp.GetAtSeq())
-			h.stop(ctx, c, reason)
-			writeError(w, c.p, http.StatusForbidden, errPermission, "hangar gateway: "+reason)
-			return true
-		}
-		return false
-	}
 	if prior, _, err := h.o.Runs.Divergence(ctx, c.run.GetId()); err == nil && prior != nil {
 		// Diverged earlier and still running: the run went live.
 		return false
 	}
-	var d *gatewayv1.Divergence
-	taped, err := h.o.Tapes.Step(ctx, rp.GetTapeRun(), seq)
-	switch {
-	case errors.Is(err, tape.ErrNotFound):
-		d = &gatewayv1.Divergence{Kind: gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL,
-			Detail: fmt.Sprintf("the tape of %s has no step %d", rp.GetTapeRun(), seq)}
-	case err != nil:
-		h.o.Logger.LogAttrs(ctx, slog.LevelError, "tape read failed", slog.String("tape", rp.GetTapeRun()), slog.Any("error", err))
-		c.failure = "tape unreadable"
-		writeError(w, c.p, http.StatusServiceUnavailable, errAPI, "hangar gateway: the replayed tape is unreadable")
+	if seq > rp.GetAtSeq()+1 || seq == rp.GetAtSeq()+1 && rp.GetAfterPrefix() != gatewayv1.AfterPrefix_AFTER_PREFIX_STOP {
+		// Past the prefix and its checked request: live. (A live run's
+		// request after the prefix was checked by the clause below only
+		// when it stops; going live, it is compared here first.)
+		if seq == rp.GetAtSeq()+1 {
+			if taped, d, failed := h.checkStep(ctx, w, c, rp, seq); failed {
+				return true
+			} else if d != nil && taped != nil {
+				return h.diverged(ctx, w, c, rp, d)
+			}
+		}
+		return false
+	}
+	taped, d, failed := h.checkStep(ctx, w, c, rp, seq)
+	if failed {
 		return true
-	case taped.GetRequest().GetPath() != c.path:
-		d = &gatewayv1.Divergence{Kind: gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL, Detail: "request endpoint differs",
-			Expected: taped.GetRequest().GetPath(), Actual: c.path}
-	default:
-		d = replay.Compare(c.p, taped.GetRequest().GetBody(), c.step.Request.Body)
 	}
 	if d != nil {
-		d.Seq = seq
-		c.step.Divergence = d
-		if _, err := h.o.Runs.SetDivergence(ctx, c.run.GetId(), d); err != nil {
-			h.o.Logger.LogAttrs(ctx, slog.LevelError, "divergence not recorded", slog.Any("error", err))
-		}
-		kind := strings.ToLower(strings.TrimPrefix(d.GetKind().String(), "DIVERGENCE_KIND_"))
-		if rp.GetOnDivergence() == gatewayv1.OnDivergence_ON_DIVERGENCE_LIVE {
-			return false
-		}
-		reason := fmt.Sprintf("replay diverged at step %d (%s): %s", seq, kind, d.GetDetail())
+		return h.diverged(ctx, w, c, rp, d)
+	}
+	if seq > rp.GetAtSeq() {
+		// The request after the prefix matched; a strict check stops here.
+		reason := fmt.Sprintf("replay of %s ended after step %d", rp.GetTapeRun(), rp.GetAtSeq())
 		h.stop(ctx, c, reason)
 		writeError(w, c.p, http.StatusForbidden, errPermission, "hangar gateway: "+reason)
 		return true
@@ -108,6 +94,57 @@ func (h *Handler) replayStep(w http.ResponseWriter, r *http.Request, c *call, rp
 		}
 		_ = rc.Flush()
 	}
+	return true
+}
+
+// checkStep compares the call's request with step seq of the tape. It
+// returns the taped step (nil when the tape has none), the divergence (nil
+// when clean) and whether it answered the call itself (the tape was
+// unreadable).
+func (h *Handler) checkStep(ctx context.Context, w http.ResponseWriter, c *call, rp *gatewayv1.Replay, seq int32) (*gatewayv1.Step, *gatewayv1.Divergence, bool) {
+	taped, err := h.o.Tapes.Step(ctx, rp.GetTapeRun(), seq)
+	switch {
+	case errors.Is(err, tape.ErrNotFound):
+		return nil, &gatewayv1.Divergence{Kind: gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL,
+			Detail: fmt.Sprintf("the tape of %s has no step %d: the run made no call there", rp.GetTapeRun(), seq)}, false
+	case err != nil:
+		h.o.Logger.LogAttrs(ctx, slog.LevelError, "tape read failed", slog.String("tape", rp.GetTapeRun()), slog.Any("error", err))
+		c.failure = "tape unreadable"
+		writeError(w, c.p, http.StatusServiceUnavailable, errAPI, "hangar gateway: the replayed tape is unreadable")
+		return nil, nil, true
+	case taped.GetRequest().GetPath() != c.path:
+		return taped, &gatewayv1.Divergence{Kind: gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL, Detail: "request endpoint differs",
+			Expected: taped.GetRequest().GetPath(), Actual: c.path}, false
+	}
+	canon := replay.Canon{TapeSession: h.tapeSession(ctx, rp.GetTapeRun()), Session: c.run.GetSession()}
+	return taped, replay.CompareCanon(c.p, canon, taped.GetRequest().GetBody(), c.step.Request.Body), false
+}
+
+// tapeSession is the session the taped run belonged to ("" when unknown).
+func (h *Handler) tapeSession(ctx context.Context, run string) string {
+	src, err := h.o.Runs.Get(ctx, run)
+	if err != nil {
+		return ""
+	}
+	return src.GetSession()
+}
+
+// diverged records d on the run and, unless the replay goes live at a
+// divergence, stops the run and refuses the call. It reports whether it
+// answered the call.
+func (h *Handler) diverged(ctx context.Context, w http.ResponseWriter, c *call, rp *gatewayv1.Replay, d *gatewayv1.Divergence) bool {
+	d.Seq = c.step.Seq
+	c.step.Divergence = d
+	if _, err := h.o.Runs.SetDivergence(ctx, c.run.GetId(), d); err != nil {
+		h.o.Logger.LogAttrs(ctx, slog.LevelError, "divergence not recorded", slog.Any("error", err))
+	}
+	if rp.GetOnDivergence() == gatewayv1.OnDivergence_ON_DIVERGENCE_LIVE {
+		return false
+	}
+	kind := strings.ToLower(strings.TrimPrefix(d.GetKind().String(), "DIVERGENCE_KIND_"))
+	reason := fmt.Sprintf("replay diverged at step %d (%s): %s", d.Seq, kind, d.GetDetail())
+	h.stop(ctx, c, reason)
+	writeError(w, c.p, http.StatusForbidden, errPermission, "hangar gateway: "+reason)
 	return true
 }
 

@@ -39,12 +39,49 @@ func IsNetworkError(s string) bool { return networkError.MatchString(s) }
 
 const maxShown = 2000
 
+// dateLine matches the date the CLIs put in their context (Claude Code's
+// "Today's date is 2026-12-01", Codex's <current_date>): it differs between
+// two executions on different days.
+var dateLine = regexp.MustCompile(`(Today's date is |Today's date: |<current_date>|Current date: )[0-9]{4}-[0-9]{2}-[0-9]{2}`)
+
+// Canon is what a replay legitimately has different from its tape besides
+// ids and dates: the work tree path, which holds the session's name.
+type Canon struct {
+	// TapeSession is the session the taped run belonged to; Session the
+	// replaying run's. Their work tree and home paths (.../<session>/work,
+	// .../<session>/home) and Claude Code's project directory names
+	// (-...-<session>-work) compare equal.
+	TapeSession, Session string
+}
+
+// apply rewrites b's volatile text to a fixed form: the date line, the
+// session's work tree path and its branch.
+func (c Canon) apply(b []byte, session string) []byte {
+	b = dateLine.ReplaceAll(b, []byte("${1}<date>"))
+	if session != "" {
+		b = bytes.ReplaceAll(b, []byte("/"+session+"/work"), []byte("/<session>/work"))
+		b = bytes.ReplaceAll(b, []byte("/"+session+"/home"), []byte("/<session>/home"))
+		b = bytes.ReplaceAll(b, []byte("-"+session+"-work"), []byte("-<session>-work"))
+		// The session's branch, which a CLI's git context names.
+		b = bytes.ReplaceAll(b, []byte("hangar/session/"+session), []byte("hangar/session/<session>"))
+	}
+	return b
+}
+
 // Compare returns nil when the incoming request matches the taped one, or
 // the first divergence (Seq unset).
 func Compare(provider gatewayv1.Provider, taped, incoming []byte) *gatewayv1.Divergence {
+	return CompareCanon(provider, Canon{}, taped, incoming)
+}
+
+// CompareCanon is Compare with the work tree paths of canon's two sessions
+// taken as equal.
+func CompareCanon(provider gatewayv1.Provider, canon Canon, taped, incoming []byte) *gatewayv1.Divergence {
 	if bytes.Equal(taped, incoming) {
 		return nil
 	}
+	taped = canon.apply(taped, canon.TapeSession)
+	incoming = canon.apply(incoming, canon.Session)
 	var a, b any
 	errA := decode(taped, &a)
 	errB := decode(incoming, &b)

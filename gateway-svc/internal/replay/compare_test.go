@@ -54,3 +54,68 @@ func TestCompare(t *testing.T) {
 		})
 	}
 }
+
+// TestCanonicalisation has one case per rule of what two executions of the
+// same CLI legitimately send differently (docs/ARCHITECTURE.md, "Fork at a
+// step"), and for each a change the rule must not hide.
+func TestCanonicalisation(t *testing.T) {
+	t.Parallel()
+	const (
+		anth = gatewayv1.Provider_PROVIDER_ANTHROPIC_MESSAGES
+		resp = gatewayv1.Provider_PROVIDER_OPENAI_RESPONSES
+	)
+	canon := replay.Canon{TapeSession: "demo", Session: "job-1a2b3c4d-p"}
+	system := func(s string) string {
+		return `{"model":"m","system":[{"type":"text","text":"` + s + `"}],"messages":[{"role":"user","content":"hi"}]}`
+	}
+	tests := []struct {
+		name            string
+		p               gatewayv1.Provider
+		taped, incoming string
+		want            gatewayv1.DivergenceKind
+	}{
+		{"session id (metadata.user_id)", anth,
+			`{"model":"m","metadata":{"user_id":"user_abc_session_1111"},"messages":[]}`,
+			`{"model":"m","metadata":{"user_id":"user_abc_session_2222"},"messages":[]}`, 0},
+		{"conversation id (prompt_cache_key)", resp,
+			`{"model":"m","prompt_cache_key":"0199-aaaa","input":[]}`,
+			`{"model":"m","prompt_cache_key":"0199-bbbb","input":[]}`, 0},
+		{"request item ids", resp,
+			`{"model":"m","input":[{"type":"message","id":"msg_1","role":"user","content":[{"type":"input_text","text":"a"}]}]}`,
+			`{"model":"m","input":[{"type":"message","id":"msg_2","role":"user","content":[{"type":"input_text","text":"a"}]}]}`, 0},
+		{"date line", anth, system(`Today's date is 2026-11-30.`), system(`Today's date is 2026-12-01.`), 0},
+		{"codex date", resp,
+			`{"model":"m","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"<current_date>2026-11-30</current_date>"}]}]}`,
+			`{"model":"m","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"<current_date>2026-12-01</current_date>"}]}]}`, 0},
+		{"date elsewhere still differs", anth, system(`release 2026-11-30`), system(`release 2026-12-01`), gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL},
+		{"work tree path", anth,
+			system(`Working directory: /var/hangar/sandboxes/demo/work`),
+			system(`Working directory: /var/hangar/sandboxes/job-1a2b3c4d-p/work`), 0},
+		{"claude project directory", anth,
+			system(`see /root/.claude/projects/-var-hangar-sandboxes-demo-work/memory`),
+			system(`see /root/.claude/projects/-var-hangar-sandboxes-job-1a2b3c4d-p-work/memory`), 0},
+		{"sandbox home path", anth,
+			system(`memory at /var/hangar/sandboxes/demo/home/.claude/projects/x`),
+			system(`memory at /var/hangar/sandboxes/job-1a2b3c4d-p/home/.claude/projects/x`), 0},
+		{"session branch", anth,
+			system(`Current branch: hangar/session/demo`),
+			system(`Current branch: hangar/session/job-1a2b3c4d-p`), 0},
+		{"another path still differs", anth,
+			system(`Working directory: /var/hangar/sandboxes/demo/work`),
+			system(`Working directory: /var/hangar/sandboxes/other/work`), gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL},
+		{"tool wall time", resp,
+			`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"exec_command","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"Chunk ID: ab12\nWall time: 0.0100 seconds\nok"}]}`,
+			`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"exec_command","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"Chunk ID: cd34\nWall time: 0.9000 seconds\nok"}]}`, 0},
+		{"tool output printing the clock", anth,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"Tue Dec  1 08:00:00 UTC 2026"}]}]}`,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"Tue Dec  1 08:00:07 UTC 2026"}]}]}`, gatewayv1.DivergenceKind_DIVERGENCE_KIND_TOOL},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := replay.CompareCanon(tc.p, canon, []byte(tc.taped), []byte(tc.incoming))
+			if d.GetKind() != tc.want {
+				t.Errorf("kind %v, want %v (%v)", d.GetKind(), tc.want, d)
+			}
+		})
+	}
+}

@@ -504,6 +504,40 @@ func (s *Store) SetReplay(ctx context.Context, id string, rp *gatewayv1.Replay) 
 	return s.Get(ctx, id)
 }
 
+func (s *Store) armKey(session string) string { return s.prefix + "replay-arm:" + session }
+
+// armTTL is how long an armed replay waits for its session's first run.
+const armTTL = 24 * time.Hour
+
+// ArmReplay keeps rp for session's first run (see ArmedReplay).
+func (s *Store) ArmReplay(ctx context.Context, session string, rp *gatewayv1.Replay) error {
+	b, err := proto.Marshal(rp)
+	if err != nil {
+		return fmt.Errorf("runs: encode replay: %w", err)
+	}
+	if err := s.rdb.Set(ctx, s.armKey(session), b, armTTL).Err(); err != nil {
+		return fmt.Errorf("runs: arm replay for %s: %w", session, err)
+	}
+	return nil
+}
+
+// ArmedReplay returns the replay armed for session, or nil. It stays
+// armed: a first turn run again (after a restart) replays again.
+func (s *Store) ArmedReplay(ctx context.Context, session string) (*gatewayv1.Replay, error) {
+	b, err := s.rdb.Get(ctx, s.armKey(session)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("runs: armed replay of %s: %w", session, err)
+	}
+	rp := &gatewayv1.Replay{}
+	if err := proto.Unmarshal(b, rp); err != nil {
+		return nil, fmt.Errorf("runs: decode armed replay: %w", err)
+	}
+	return rp, nil
+}
+
 // ReplayProgress counts a step answered from the tape.
 func (s *Store) ReplayProgress(ctx context.Context, id string) error {
 	return s.rdb.HIncrBy(ctx, s.runKey(id), "replayed", 1).Err()

@@ -18,6 +18,8 @@ import (
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
+	"github.com/hangar-dev/hangar/platform/fault"
+	"google.golang.org/grpc/codes"
 )
 
 // Pinned versions: keep in sync with .ci/install-harnesses.
@@ -304,6 +306,41 @@ func TestRealHarnesses(t *testing.T) {
 			}
 			if tr := e.getRun(t, trun.Id); tr.State != gatewayv1.RunState_RUN_STATE_STOPPED {
 				t.Errorf("diverged run state %v", tr.State)
+			}
+
+			// 6. A replay armed for a session's first run (a fork's prefix):
+			// the run replays from its first call; the request after the
+			// prefix is checked against the tape, then the run stops.
+			// The work tree as the recorded run found it.
+			if err := os.Remove(filepath.Join(work, "hello.txt")); err != nil {
+				t.Fatal(err)
+			}
+			armed := "ses-arm-" + h.name
+			if _, err := e.srv.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: armed, Replay: &gatewayv1.Replay{
+				TapeRun: run.Id, AtSeq: 1, AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP}}); err != nil {
+				t.Fatal(err)
+			}
+			arun, atok := e.createRun(t, &gatewayv1.CreateRunRequest{Session: armed, Turn: 1, Harness: h.name})
+			if arun.GetReplay().GetTapeRun() != run.Id {
+				t.Fatalf("armed session's run has replay %v", arun.GetReplay())
+			}
+			if later, _ := e.createRun(t, &gatewayv1.CreateRunRequest{Session: armed, Turn: 2, Harness: h.name}); later.GetReplay() != nil {
+				t.Errorf("a later turn's run took the armed replay: %v", later.GetReplay())
+			}
+			before = e.upstream.Requests()
+			out, _ = h.runCLI(t, arun, atok, work, "Please create hello.txt")
+			div, _ = e.srv.GetDivergence(ctx, &gatewayv1.GetDivergenceRequest{Run: arun.Id})
+			if div.GetDivergence() != nil || div.GetReplayedSteps() != 1 {
+				t.Errorf("armed replay at 1: divergence %v, replayed %d\n%s", div.GetDivergence(), div.GetReplayedSteps(), out)
+			}
+			if n := e.upstream.Requests() - before; n != 0 {
+				t.Errorf("armed replay made %d upstream requests", n)
+			}
+			if ar := e.getRun(t, arun.Id); ar.State != gatewayv1.RunState_RUN_STATE_STOPPED || !strings.Contains(ar.StateReason, "ended after step 1") {
+				t.Errorf("armed replay's run: %v %q", ar.State, ar.StateReason)
+			}
+			if _, err := e.srv.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: "Bad Name", Replay: &gatewayv1.Replay{TapeRun: run.Id}}); fault.Status(err).Code() != codes.InvalidArgument {
+				t.Errorf("arming a bad session name: %v", err)
 			}
 		})
 	}

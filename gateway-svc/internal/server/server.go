@@ -237,6 +237,21 @@ func (s *Server) CreateRun(ctx context.Context, req *gatewayv1.CreateRunRequest)
 	if err != nil {
 		return nil, s.internal(ctx, "run create failed", err)
 	}
+	if req.GetTurn() <= 1 && req.GetSession() != "" {
+		// A session armed for a replay (a fork's prefix) replays from its
+		// first call.
+		rp, err := s.runs.ArmedReplay(ctx, req.GetSession())
+		if err != nil {
+			_, _ = s.runs.End(ctx, run.GetId(), "replay could not be read")
+			return nil, s.internal(ctx, "run create failed", err)
+		}
+		if rp != nil {
+			if run, err = s.runs.SetReplay(ctx, run.GetId(), rp); err != nil {
+				_, _ = s.runs.End(ctx, run.GetId(), "replay could not be set")
+				return nil, s.internal(ctx, "run create failed", err)
+			}
+		}
+	}
 	if req.GetApprovals() {
 		if err := s.runs.EnableApprovals(ctx, run.GetId()); err != nil {
 			_, _ = s.runs.End(ctx, run.GetId(), "approvals could not be enabled")
@@ -385,6 +400,9 @@ func (s *Server) SetReplay(ctx context.Context, req *gatewayv1.SetReplayRequest)
 	if rp.GetAtSeq() < 0 {
 		return nil, fault.InvalidArgument("replay.at_seq", "replay.at_seq must not be negative")
 	}
+	if req.GetRun() == "" && req.GetSession() != "" {
+		return s.armReplay(ctx, req.GetSession(), rp)
+	}
 	run, err := s.getRun(ctx, req.GetRun())
 	if err != nil {
 		return nil, err
@@ -399,6 +417,15 @@ func (s *Server) SetReplay(ctx context.Context, req *gatewayv1.SetReplayRequest)
 	if rp.GetAtSeq() > src.GetSteps() {
 		return nil, fault.InvalidArgument("replay.at_seq", "replay.at_seq %d is past the end of %q's tape (%d steps)", rp.GetAtSeq(), src.GetId(), src.GetSteps())
 	}
+	updated, err := s.runs.SetReplay(ctx, run.GetId(), replayDefaults(rp))
+	if err != nil {
+		return nil, s.internal(ctx, "replay not set", err)
+	}
+	return &gatewayv1.SetReplayResponse{Run: s.withURLs(updated)}, nil
+}
+
+// replayDefaults copies rp with its unset choices filled in.
+func replayDefaults(rp *gatewayv1.Replay) *gatewayv1.Replay {
 	rp = &gatewayv1.Replay{TapeRun: rp.GetTapeRun(), AtSeq: rp.GetAtSeq(), OnDivergence: rp.GetOnDivergence(), AfterPrefix: rp.GetAfterPrefix()}
 	if rp.OnDivergence == gatewayv1.OnDivergence_ON_DIVERGENCE_UNSPECIFIED {
 		rp.OnDivergence = gatewayv1.OnDivergence_ON_DIVERGENCE_STOP
@@ -406,11 +433,26 @@ func (s *Server) SetReplay(ctx context.Context, req *gatewayv1.SetReplayRequest)
 	if rp.AfterPrefix == gatewayv1.AfterPrefix_AFTER_PREFIX_UNSPECIFIED {
 		rp.AfterPrefix = gatewayv1.AfterPrefix_AFTER_PREFIX_LIVE
 	}
-	updated, err := s.runs.SetReplay(ctx, run.GetId(), rp)
-	if err != nil {
-		return nil, s.internal(ctx, "replay not set", err)
+	return rp
+}
+
+// armReplay keeps rp for session's first run: CreateRun of that session's
+// turn 1 puts the new run in replay mode before it can make a call.
+func (s *Server) armReplay(ctx context.Context, session string, rp *gatewayv1.Replay) (*gatewayv1.SetReplayResponse, error) {
+	if !runs.ValidSessionName(session) {
+		return nil, fault.InvalidArgument("session", "session %q is not a valid name (lowercase letters, digits and '-')", session)
 	}
-	return &gatewayv1.SetReplayResponse{Run: s.withURLs(updated)}, nil
+	src, err := s.getRun(ctx, rp.GetTapeRun())
+	if err != nil {
+		return nil, err
+	}
+	if rp.GetAtSeq() > src.GetSteps() {
+		return nil, fault.InvalidArgument("replay.at_seq", "replay.at_seq %d is past the end of %q's tape (%d steps)", rp.GetAtSeq(), src.GetId(), src.GetSteps())
+	}
+	if err := s.runs.ArmReplay(ctx, session, replayDefaults(rp)); err != nil {
+		return nil, s.internal(ctx, "replay not armed", err)
+	}
+	return &gatewayv1.SetReplayResponse{}, nil
 }
 
 // GetDivergence returns a replaying run's first divergence.

@@ -82,7 +82,8 @@ func (s *Sessions) CreateSession(ctx context.Context, req *sessionv1.CreateSessi
 		Turn: sessions.TurnInput{
 			Message: req.GetMessage(), Attachments: attachmentsFrom(req.GetAttachments()), OutputSchema: req.GetOutputSchemaJson(),
 		},
-		FromLocal: localWorkFrom(req.GetFromLocal()),
+		FromLocal:  localWorkFrom(req.GetFromLocal()),
+		BaseCommit: req.GetBaseCommit(),
 	}
 	if req.GetApprovals() == sessionv1.ApprovalMode_APPROVAL_MODE_ASK {
 		n.Approvals = sessions.ApprovalsAsk

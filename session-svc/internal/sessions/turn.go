@@ -38,6 +38,10 @@ type NewSession struct {
 	// FromLocal is --from-local: applied on the session branch at its
 	// first boot.
 	FromLocal *LocalWork
+	// BaseCommit, when set, is the commit the session starts from instead
+	// of the repository's current one (a fork at a step rebuilds a run from
+	// its base commit).
+	BaseCommit string
 	// First turn; none when Message is empty.
 	Turn TurnInput
 }
@@ -100,6 +104,9 @@ func (m *Manager) Create(ctx context.Context, n NewSession) (*store.Session, *st
 	if err := validBudget(n.Budget); err != nil {
 		return nil, nil, err
 	}
+	if c := n.BaseCommit; c != "" && (len(c) != 40 && len(c) != 64 || commitRE.Replace(c) != "") {
+		return nil, nil, fault.InvalidArgument("base_commit", "base commit %q is not a full commit id", c)
+	}
 	if n.FromLocal != nil {
 		if err := n.FromLocal.validate(); err != nil {
 			return nil, nil, err
@@ -120,6 +127,9 @@ func (m *Manager) Create(ctx context.Context, n NewSession) (*store.Session, *st
 		return nil, nil, err
 	}
 	s.Repo, s.BaseCommit = n.Repo, base
+	if n.BaseCommit != "" {
+		s.BaseCommit = n.BaseCommit
+	}
 	if err := m.d.Store.CreateSession(ctx, s); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return nil, nil, fault.AlreadyExists("SESSION_EXISTS", "session %q already exists: send to it, or pick another name", n.Name)

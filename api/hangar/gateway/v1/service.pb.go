@@ -867,9 +867,13 @@ func (*ReportTreeHashResponse) Descriptor() ([]byte, []int) {
 }
 
 type SetReplayRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Run           string                 `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
-	Replay        *Replay                `protobuf:"bytes,2,opt,name=replay,proto3" json:"replay,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Run    string                 `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	Replay *Replay                `protobuf:"bytes,2,opt,name=replay,proto3" json:"replay,omitempty"`
+	// Instead of run: arm the replay for this session's first run, which
+	// takes it when it is created (a fork at a step starts its prefix session
+	// this way, so the harness's first call is already replayed).
+	Session       string `protobuf:"bytes,3,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -916,6 +920,13 @@ func (x *SetReplayRequest) GetReplay() *Replay {
 		return x.Replay
 	}
 	return nil
+}
+
+func (x *SetReplayRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
 }
 
 type SetReplayResponse struct {
@@ -1510,10 +1521,11 @@ const file_hangar_gateway_v1_service_proto_rawDesc = "" +
 	"\x03run\x18\x01 \x01(\tR\x03run\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x05R\x03seq\x12\x1b\n" +
 	"\ttree_hash\x18\x03 \x01(\tR\btreeHash\"\x18\n" +
-	"\x16ReportTreeHashResponse\"W\n" +
+	"\x16ReportTreeHashResponse\"q\n" +
 	"\x10SetReplayRequest\x12\x10\n" +
 	"\x03run\x18\x01 \x01(\tR\x03run\x121\n" +
-	"\x06replay\x18\x02 \x01(\v2\x19.hangar.gateway.v1.ReplayR\x06replay\"=\n" +
+	"\x06replay\x18\x02 \x01(\v2\x19.hangar.gateway.v1.ReplayR\x06replay\x12\x18\n" +
+	"\asession\x18\x03 \x01(\tR\asession\"=\n" +
 	"\x11SetReplayResponse\x12(\n" +
 	"\x03run\x18\x01 \x01(\v2\x16.hangar.gateway.v1.RunR\x03run\"(\n" +
 	"\x14GetDivergenceRequest\x12\x10\n" +

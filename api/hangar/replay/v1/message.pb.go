@@ -37,6 +37,9 @@ const (
 	ForkStatus_FORK_STATUS_DIVERGED ForkStatus = 4
 	// The run's harness has no model gateway path.
 	ForkStatus_FORK_STATUS_UNREPLAYED ForkStatus = 5
+	// The replay could not be carried out (status_reason says why: the
+	// prefix session failed to start, a restart lost it, ...).
+	ForkStatus_FORK_STATUS_FAILED ForkStatus = 6
 )
 
 // Enum value maps for ForkStatus.
@@ -48,6 +51,7 @@ var (
 		3: "FORK_STATUS_VERIFIED",
 		4: "FORK_STATUS_DIVERGED",
 		5: "FORK_STATUS_UNREPLAYED",
+		6: "FORK_STATUS_FAILED",
 	}
 	ForkStatus_value = map[string]int32{
 		"FORK_STATUS_UNSPECIFIED": 0,
@@ -56,6 +60,7 @@ var (
 		"FORK_STATUS_VERIFIED":    3,
 		"FORK_STATUS_DIVERGED":    4,
 		"FORK_STATUS_UNREPLAYED":  5,
+		"FORK_STATUS_FAILED":      6,
 	}
 )
 
@@ -327,8 +332,16 @@ type Fork struct {
 	OnDivergence  OnDivergence `protobuf:"varint,10,opt,name=on_divergence,json=onDivergence,proto3,enum=hangar.replay.v1.OnDivergence" json:"on_divergence,omitempty"`
 	Budget        *Budget      `protobuf:"bytes,11,opt,name=budget,proto3" json:"budget,omitempty"`
 	// The tape was untrusted.
-	Tainted       bool                   `protobuf:"varint,12,opt,name=tainted,proto3" json:"tainted,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	Tainted   bool                   `protobuf:"varint,12,opt,name=tainted,proto3" json:"tainted,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Why the fork is in its status (diverged, unreplayed, failed).
+	StatusReason string `protobuf:"bytes,14,opt,name=status_reason,json=statusReason,proto3" json:"status_reason,omitempty"`
+	// The session that rebuilt the prefix; the trials are its forks.
+	PrefixSession string `protobuf:"bytes,15,opt,name=prefix_session,json=prefixSession,proto3" json:"prefix_session,omitempty"`
+	// Steps answered from the tape while rebuilding the prefix.
+	ReplayedSteps int32 `protobuf:"varint,16,opt,name=replayed_steps,json=replayedSteps,proto3" json:"replayed_steps,omitempty"`
+	// The run's harness (claude, codex, pi, antigravity).
+	Harness       string `protobuf:"bytes,17,opt,name=harness,proto3" json:"harness,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -452,6 +465,34 @@ func (x *Fork) GetCreatedAt() *timestamppb.Timestamp {
 		return x.CreatedAt
 	}
 	return nil
+}
+
+func (x *Fork) GetStatusReason() string {
+	if x != nil {
+		return x.StatusReason
+	}
+	return ""
+}
+
+func (x *Fork) GetPrefixSession() string {
+	if x != nil {
+		return x.PrefixSession
+	}
+	return ""
+}
+
+func (x *Fork) GetReplayedSteps() int32 {
+	if x != nil {
+		return x.ReplayedSteps
+	}
+	return 0
+}
+
+func (x *Fork) GetHarness() string {
+	if x != nil {
+		return x.Harness
+	}
+	return ""
 }
 
 // Divergence is where a trial's replay departed from the tape.
@@ -759,7 +800,7 @@ var File_hangar_replay_v1_message_proto protoreflect.FileDescriptor
 
 const file_hangar_replay_v1_message_proto_rawDesc = "" +
 	"\n" +
-	"\x1ehangar/replay/v1/message.proto\x12\x10hangar.replay.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x04\n" +
+	"\x1ehangar/replay/v1/message.proto\x12\x10hangar.replay.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9d\x05\n" +
 	"\x04Fork\x12\x12\n" +
 	"\x04fork\x18\x01 \x01(\tR\x04fork\x12\x10\n" +
 	"\x03run\x18\x02 \x01(\tR\x03run\x124\n" +
@@ -777,7 +818,11 @@ const file_hangar_replay_v1_message_proto_rawDesc = "" +
 	"\x06budget\x18\v \x01(\v2\x18.hangar.replay.v1.BudgetR\x06budget\x12\x18\n" +
 	"\atainted\x18\f \x01(\bR\atainted\x129\n" +
 	"\n" +
-	"created_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xb6\x01\n" +
+	"created_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12#\n" +
+	"\rstatus_reason\x18\x0e \x01(\tR\fstatusReason\x12%\n" +
+	"\x0eprefix_session\x18\x0f \x01(\tR\rprefixSession\x12%\n" +
+	"\x0ereplayed_steps\x18\x10 \x01(\x05R\rreplayedSteps\x12\x18\n" +
+	"\aharness\x18\x11 \x01(\tR\aharness\"\xb6\x01\n" +
 	"\n" +
 	"Divergence\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x124\n" +
@@ -812,7 +857,7 @@ const file_hangar_replay_v1_message_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x125\n" +
 	"\bended_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\aendedAtB\x05\n" +
-	"\x03_aa*\xac\x01\n" +
+	"\x03_aa*\xc4\x01\n" +
 	"\n" +
 	"ForkStatus\x12\x1b\n" +
 	"\x17FORK_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +
@@ -820,7 +865,8 @@ const file_hangar_replay_v1_message_proto_rawDesc = "" +
 	"\x12FORK_STATUS_FORKED\x10\x02\x12\x18\n" +
 	"\x14FORK_STATUS_VERIFIED\x10\x03\x12\x18\n" +
 	"\x14FORK_STATUS_DIVERGED\x10\x04\x12\x1a\n" +
-	"\x16FORK_STATUS_UNREPLAYED\x10\x05*\x9d\x01\n" +
+	"\x16FORK_STATUS_UNREPLAYED\x10\x05\x12\x16\n" +
+	"\x12FORK_STATUS_FAILED\x10\x06*\x9d\x01\n" +
 	"\x0eDivergenceKind\x12\x1f\n" +
 	"\x1bDIVERGENCE_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15DIVERGENCE_KIND_MODEL\x10\x01\x12\x18\n" +

@@ -54,8 +54,11 @@ type CreateSessionRequest struct {
 	// reach that path (else it says how to pass the repository), and on the
 	// default environment's own when it is the same repository.
 	WorkingRepository string `protobuf:"bytes,16,opt,name=working_repository,json=workingRepository,proto3" json:"working_repository,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Start from this commit instead of the repository's current one (a fork
+	// at a step rebuilds a run from its base commit); a full commit id.
+	BaseCommit    string `protobuf:"bytes,17,opt,name=base_commit,json=baseCommit,proto3" json:"base_commit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSessionRequest) Reset() {
@@ -196,6 +199,13 @@ func (x *CreateSessionRequest) GetModel() string {
 func (x *CreateSessionRequest) GetWorkingRepository() string {
 	if x != nil {
 		return x.WorkingRepository
+	}
+	return ""
+}
+
+func (x *CreateSessionRequest) GetBaseCommit() string {
+	if x != nil {
+		return x.BaseCommit
 	}
 	return ""
 }
@@ -3480,7 +3490,7 @@ var File_hangar_session_v1_service_proto protoreflect.FileDescriptor
 
 const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1fhangar/session/v1/service.proto\x12\x11hangar.session.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fhangar/session/v1/message.proto\"\xa4\x05\n" +
+	"\x1fhangar/session/v1/service.proto\x12\x11hangar.session.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fhangar/session/v1/message.proto\"\xc5\x05\n" +
 	"\x14CreateSessionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\venvironment\x18\x02 \x01(\tR\venvironment\x12\x12\n" +
@@ -3499,7 +3509,9 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\fharness_lock\x18\r \x01(\tR\vharnessLock\x12\x1b\n" +
 	"\tcache_ttl\x18\x0e \x01(\tR\bcacheTtl\x12\x14\n" +
 	"\x05model\x18\x0f \x01(\tR\x05model\x12-\n" +
-	"\x12working_repository\x18\x10 \x01(\tR\x11workingRepositoryB\x0f\n" +
+	"\x12working_repository\x18\x10 \x01(\tR\x11workingRepository\x12\x1f\n" +
+	"\vbase_commit\x18\x11 \x01(\tR\n" +
+	"baseCommitB\x0f\n" +
 	"\r_idle_minutes\"\xbb\x01\n" +
 	"\x15CreateSessionResponse\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.hangar.session.v1.SessionR\asession\x12+\n" +

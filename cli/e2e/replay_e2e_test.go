@@ -1,0 +1,389 @@
+package e2e_test
+
+// End-to-end forks at a step (replay-svc): a run recorded by the real agent
+// CLI through the real gateway and the scripted upstream is rebuilt at step
+// N in a fresh sandbox from its tape, then continued live as trials.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	replayv1 "github.com/hangar-dev/hangar/api/hangar/replay/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
+	"github.com/hangar-dev/hangar/cli/client"
+	"github.com/hangar-dev/hangar/gateway-svc/scripted"
+)
+
+// replaySteps is how many tool steps the recorded run makes.
+const replaySteps = 6
+
+// replayStepCmd is tool step k: it appends a line naming the session that
+// ran it (the sandbox directory is named after the session) and prints the
+// same thing in every session.
+func replayStepCmd(k int) string {
+	return fmt.Sprintf(`echo "step %d $(basename "$(dirname "$PWD")")" >> steps.txt && echo step-%d-done`, k, k)
+}
+
+// replayTrialCmd is a trial's own work: it names its session (the sandbox
+// directory is named after it), so each trial's tree differs.
+const replayTrialCmd = `basename "$(dirname "$PWD")" > trial.txt && echo trial-done`
+
+// replayScript: "replay task" is six chained tool steps, each answered on
+// the previous step's output; "clock task" prints the clock; a trial's
+// continuation writes trial.txt.
+func replayScript() scripted.Script {
+	var rules []scripted.Rule
+	for _, c := range agentCLIs {
+		call := func(cmd string) scripted.Answer {
+			return scripted.Answer{Text: "Working on it.", ToolCall: &scripted.ToolCall{Name: c.tool, Input: map[string]any{c.arg: cmd}}}
+		}
+		rules = append(rules,
+			scripted.Rule{Name: c.tool + "-trial-done", Tool: c.tool, ToolResult: "trial-done", Answer: scripted.Answer{Text: "Trial done."}},
+			scripted.Rule{Name: c.tool + "-steps-done", Tool: c.tool, ToolResult: fmt.Sprintf("step-%d-done", replaySteps), Answer: scripted.Answer{Text: "All steps done."}},
+			scripted.Rule{Name: c.tool + "-clock-done", Tool: c.tool, ToolResult: "clock-", Answer: scripted.Answer{Text: "Clock read."}},
+			// A continuation: the trial's own task (whatever the last input).
+			scripted.Rule{Name: c.tool + "-continue", Tool: c.tool, Prompt: "(?i)continue from where you stopped", Answer: call(replayTrialCmd)},
+			scripted.Rule{Name: c.tool + "-step-1", Tool: c.tool, Prompt: "(?i)replay task", LastIsToolResult: scripted.Bool(false), Answer: call(replayStepCmd(1))},
+			scripted.Rule{Name: c.tool + "-clock", Tool: c.tool, Prompt: "(?i)clock task", LastIsToolResult: scripted.Bool(false), Answer: call(`echo clock-$(date +%s%N)`)},
+		)
+		for k := 2; k <= replaySteps; k++ {
+			rules = append(rules, scripted.Rule{Name: fmt.Sprintf("%s-step-%d", c.tool, k), Tool: c.tool, ToolResult: fmt.Sprintf("step-%d-done", k-1), Answer: call(replayStepCmd(k))})
+		}
+	}
+	return scripted.Script{Rules: rules, Default: &scripted.Answer{Text: "OK."}}
+}
+
+type replayStack struct {
+	*stack
+	replay replayv1.ReplayServiceClient
+}
+
+func replayStart(t *testing.T) *replayStack {
+	t.Helper()
+	script := replayScript()
+	s := startStack(t, stackOptions{script: &script, vars: map[string]string{"HANGAR_CACHE_STAGGER_SECONDS": "0"}})
+	s.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
+	conn, err := client.Endpoint{URL: s.env["HANGAR_URL"], Token: s.env["HANGAR_TOKEN"]}.Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return &replayStack{stack: s, replay: replayv1.NewReplayServiceClient(conn)}
+}
+
+// record runs a session's first turn and returns its run id and tape.
+func (s *replayStack) record(t *testing.T, name string, h sessionv1.Harness, message string) (string, []*gatewayv1.Step) {
+	t.Helper()
+	if _, err := s.sessions.CreateSession(context.Background(), &sessionv1.CreateSessionRequest{Name: name, Environment: "e2e", Harness: h, Message: message}); err != nil {
+		t.Fatalf("new %s: %v", name, err)
+	}
+	turn := s.waitTurn(t, name, 1)
+	if turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED || turn.GetRunId() == "" {
+		t.Fatalf("turn 1 of %s: %v (%s), run %q", name, turn.GetOutcome(), turn.GetOutcomeReason(), turn.GetRunId())
+	}
+	tape, err := s.gateway.GetTape(context.Background(), &gatewayv1.GetTapeRequest{Run: turn.GetRunId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return turn.GetRunId(), tape.GetSteps()
+}
+
+// fork forks run and waits for the fork and its trials to settle.
+func (s *replayStack) fork(t *testing.T, req *replayv1.ForkRunRequest) *replayv1.Fork {
+	t.Helper()
+	ctx := context.Background()
+	req.WaitSeconds = 240
+	resp, err := s.replay.ForkRun(ctx, req)
+	if err != nil {
+		t.Fatalf("fork %s at %d: %v", req.Run, req.AtSeq, err)
+	}
+	deadline := time.Now().Add(6 * time.Minute)
+	for {
+		f, err := s.replay.GetFork(ctx, &replayv1.GetForkRequest{Fork: resp.GetFork()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		settled := f.GetFork().GetStatus() != replayv1.ForkStatus_FORK_STATUS_REPLAYING
+		for _, tr := range f.GetFork().GetTrials() {
+			settled = settled && tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_LIVE && tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_REPLAYING
+		}
+		if settled {
+			return f.GetFork()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fork %s did not settle: %v", resp.GetFork(), f.GetFork())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// steps is the number of taped calls that answered with a tool call, up
+// to and including seq.
+func toolStepSeq(t *testing.T, steps []*gatewayv1.Step, k int) int32 {
+	t.Helper()
+	n := 0
+	for _, st := range steps {
+		for _, ev := range st.GetResponse().GetEvents() {
+			if strings.Contains(ev.GetData(), "step-") && strings.Contains(ev.GetData(), "steps.txt") {
+				n++
+				break
+			}
+		}
+		if n == k {
+			return st.GetSeq()
+		}
+	}
+	t.Fatalf("the tape has %d tool steps, want %d", n, k)
+	return 0
+}
+
+func TestForkAtStep(t *testing.T) {
+	s := replayStart(t)
+	for _, h := range agentCLIs {
+		t.Run(h.name, func(t *testing.T) {
+			s.forkAtStep(t, h.name, h.harness)
+		})
+	}
+}
+
+func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness) {
+	ctx := context.Background()
+	name := "rec-" + hname
+	run, steps := s.record(t, name, h, "Please do the replay task.")
+	if got := s.mustExec(t, s.get(t, name).GetSandboxId(), "cat steps.txt"); strings.Count(got, "step ") != replaySteps {
+		t.Fatalf("recorded run's steps.txt:\n%s", got)
+	}
+	at := toolStepSeq(t, steps, 3)
+
+	// Fork at step 3, two continuations: a clean prefix, both trials live.
+	f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: at, Continuations: proto.Int32(2)})
+	if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_FORKED || f.GetDivergence() != nil {
+		t.Fatalf("fork at %d: %v (%s), divergence %v", at, f.GetStatus(), f.GetStatusReason(), f.GetDivergence())
+	}
+	if f.GetReplayedSteps() != at || len(f.GetTrials()) != 2 || f.GetTrialIds()[1] != f.GetFork()+".2" {
+		t.Fatalf("fork: replayed %d of %d, trials %v", f.GetReplayedSteps(), at, f.GetTrialIds())
+	}
+	sessionsSeen := map[string]bool{}
+	for _, tr := range f.GetTrials() {
+		if tr.GetSource() != "experiment" || tr.GetForkOf() != run || tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_ENDED ||
+			tr.GetOutcome() != replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED || tr.GetSession() == "" || tr.GetRun() == "" {
+			t.Errorf("trial %s: %v", tr.GetId(), tr)
+			continue
+		}
+		sessionsSeen[tr.GetSession()] = true
+		sb := s.get(t, tr.GetSession()).GetSandboxId()
+		if sb == "" {
+			if _, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: tr.GetSession()}); err != nil {
+				t.Fatalf("open %s: %v", tr.GetSession(), err)
+			}
+			sb = s.get(t, tr.GetSession()).GetSandboxId()
+		}
+		// Steps 1-3 rebuilt by the replay (in the prefix session), then
+		// the trial's own continuation, live, in its own session: the
+		// harness resumed the prefix's conversation after step 3.
+		// Claude Code sends the continuation beside step 3's tool result
+		// (the script answers with step 4); Codex and pi as a message of
+		// its own (the script answers with the trial task, trial.txt).
+		got := s.mustExec(t, sb, "cat steps.txt; cat trial.txt 2>/dev/null; true")
+		want := fmt.Sprintf("step 1 %[1]s\nstep 2 %[1]s\nstep 3 %[1]s\n", f.GetPrefixSession())
+		if !strings.HasPrefix(got, want) || !strings.Contains(strings.TrimPrefix(got, want), tr.GetSession()) || strings.Count(got, f.GetPrefixSession()) != 3 {
+			t.Errorf("trial %s's steps.txt and trial.txt:\n%s\nwant steps 1-3 of %s, then work of %s", tr.GetId(), got, f.GetPrefixSession(), tr.GetSession())
+		}
+		// The trial's run went live: its tape's answers came from upstream.
+		tape, err := s.gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: tr.GetRun()})
+		if err != nil || len(tape.GetSteps()) == 0 || tape.GetSteps()[0].GetReplayed() {
+			t.Errorf("trial %s's run %s: %d steps, err %v", tr.GetId(), tr.GetRun(), len(tape.GetSteps()), err)
+		}
+	}
+	if len(sessionsSeen) != 2 {
+		t.Errorf("trials ran in %d sessions, want 2", len(sessionsSeen))
+	}
+	got, err := s.replay.GetTrial(ctx, &replayv1.GetTrialRequest{Trial: f.GetTrialIds()[0]})
+	if err != nil || got.GetTrial().GetFork() != f.GetFork() {
+		t.Errorf("get trial: %v %v", got, err)
+	}
+	if list, err := s.replay.ListForks(ctx, &replayv1.ListForksRequest{Run: run}); err != nil || len(list.GetForks()) != 1 {
+		t.Errorf("forks of %s: %v %v", run, list, err)
+	}
+
+	// continuations 0 at the last step: the whole run reproduces.
+	v := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: int32(len(steps)), Continuations: proto.Int32(0)})
+	if v.GetStatus() != replayv1.ForkStatus_FORK_STATUS_VERIFIED || v.GetDivergence() != nil || len(v.GetTrials()) != 0 {
+		t.Errorf("verify at %d: %v (%s), divergence %v", len(steps), v.GetStatus(), v.GetStatusReason(), v.GetDivergence())
+	}
+
+	// A step that prints the clock: a tool divergence at the next request.
+	crun, csteps := s.record(t, "clock-"+hname, h, "Please do the clock task.")
+	c := s.fork(t, &replayv1.ForkRunRequest{Run: crun, AtSeq: int32(len(csteps)), Continuations: proto.Int32(0)})
+	if c.GetStatus() != replayv1.ForkStatus_FORK_STATUS_DIVERGED || c.GetDivergence().GetKind() != replayv1.DivergenceKind_DIVERGENCE_KIND_TOOL {
+		t.Errorf("clock replay: %v (%s), divergence %v", c.GetStatus(), c.GetStatusReason(), c.GetDivergence())
+	}
+
+	// A second turn's run is refused.
+	if _, err := s.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: name, Message: "Please do the clock task."}); err != nil {
+		t.Fatal(err)
+	}
+	second := s.waitTurn(t, name, 2)
+	if _, err := s.replay.ForkRun(ctx, &replayv1.ForkRunRequest{Run: second.GetRunId(), AtSeq: 1}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "first run") {
+		t.Errorf("fork of a second turn's run: %v", err)
+	}
+}
+
+// TestForkAtStepBadInput: unknown runs and forks, fields out of range.
+func TestForkAtStepBadInput(t *testing.T) {
+	s := replayStart(t)
+	ctx := context.Background()
+	run, steps := s.record(t, "bad-input", sessionv1.Harness_HARNESS_CLAUDE, "Please do the replay task.")
+	cases := []struct {
+		req   *replayv1.ForkRunRequest
+		code  codes.Code
+		field string
+	}{
+		{&replayv1.ForkRunRequest{Run: "ses-nope.run-00000000", AtSeq: 1}, codes.NotFound, "ses-nope.run-00000000"},
+		{&replayv1.ForkRunRequest{Run: run, AtSeq: int32(len(steps)) + 1}, codes.InvalidArgument, "at_seq"},
+		{&replayv1.ForkRunRequest{Run: run, AtSeq: -1}, codes.InvalidArgument, "at_seq"},
+		{&replayv1.ForkRunRequest{Run: run, AtSeq: 1, Continuations: proto.Int32(11)}, codes.InvalidArgument, "continuations"},
+		{&replayv1.ForkRunRequest{Run: run, AtSeq: 1, PinSet: "ps-1"}, codes.Unimplemented, "pin_set"},
+	}
+	for _, c := range cases {
+		_, err := s.replay.ForkRun(ctx, c.req)
+		if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), c.field) {
+			t.Errorf("%v: %v, want %v naming %s", c.req, err, c.code, c.field)
+		}
+	}
+	if _, err := s.replay.GetFork(ctx, &replayv1.GetForkRequest{Fork: "job-nope"}); status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "job-nope") {
+		t.Errorf("unknown fork: %v", err)
+	}
+	if _, err := s.replay.GetTrial(ctx, &replayv1.GetTrialRequest{Trial: "job-nope.1"}); status.Code(err) != codes.NotFound {
+		t.Errorf("unknown trial: %v", err)
+	}
+}
+
+// dialReplay returns a replay client of s.
+func dialReplay(t *testing.T, s *stack) replayv1.ReplayServiceClient { return dialReplayTB(t, s) }
+
+func dialReplayTB(t testing.TB, s *stack) replayv1.ReplayServiceClient {
+	t.Helper()
+	conn, err := client.Endpoint{URL: s.env["HANGAR_URL"], Token: s.env["HANGAR_TOKEN"]}.Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return replayv1.NewReplayServiceClient(conn)
+}
+
+// TestForkAtStepRestart: hangar stops while a prefix is being replayed; the
+// fork is carried on after the restart and settles (never replaying
+// forever).
+func TestForkAtStepRestart(t *testing.T) {
+	s := replayStart(t)
+	ctx := context.Background()
+	run, steps := s.record(t, "restart-claude", sessionv1.Harness_HARNESS_CLAUDE, "Please do the replay task.")
+	resp, err := s.replay.ForkRun(ctx, &replayv1.ForkRunRequest{Run: run, AtSeq: int32(len(steps)), Continuations: proto.Int32(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetStatus() != replayv1.ForkStatus_FORK_STATUS_REPLAYING {
+		t.Fatalf("wait_seconds 0: status %v, want replaying", resp.GetStatus())
+	}
+	again := &replayStack{stack: s.restart(t)}
+	again.replay = dialReplay(t, again.stack)
+	deadline := time.Now().Add(6 * time.Minute)
+	for {
+		f, err := again.replay.GetFork(ctx, &replayv1.GetForkRequest{Fork: resp.GetFork()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := f.GetFork().GetStatus(); st != replayv1.ForkStatus_FORK_STATUS_REPLAYING {
+			// The prefix went on, or was rebuilt again after the restart.
+			if st != replayv1.ForkStatus_FORK_STATUS_VERIFIED {
+				t.Errorf("after the restart: %v (%s) %v", st, f.GetFork().GetStatusReason(), f.GetFork().GetDivergence())
+			}
+			t.Logf("after the restart: %v (%s)", st, f.GetFork().GetStatusReason())
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fork still replaying after the restart: %v", f.GetFork())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// rest calls hangar's REST API and decodes the JSON answer.
+func (s *replayStack) rest(t *testing.T, method, path, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, s.env["HANGAR_URL"]+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+s.env["HANGAR_TOKEN"])
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, raw)
+	}
+	return resp.StatusCode, out
+}
+
+// TestForkAtStepRESTAndCLI: the spec's routes and field names, and the
+// CLI's commands, on a real fork.
+func TestForkAtStepRESTAndCLI(t *testing.T) {
+	s := replayStart(t)
+	run, steps := s.record(t, "rest-claude", sessionv1.Harness_HARNESS_CLAUDE, "Please do the replay task.")
+	code, body := s.rest(t, http.MethodPost, "/api/runs/"+run+"/fork", fmt.Sprintf(`{"at_seq": %d, "continuations": 0, "wait_seconds": 240}`, len(steps)))
+	if code != http.StatusOK || body["fork"] == "" || body["trial_ids"] == nil || body["divergence"] != nil {
+		t.Fatalf("POST fork: %d %v", code, body)
+	}
+	fork, _ := body["fork"].(string)
+	code, got := s.rest(t, http.MethodGet, "/api/forks/"+fork, "")
+	f, _ := got["fork"].(map[string]any)
+	if code != http.StatusOK || f["fork"] != fork || f["run"] != run || f["at_seq"] == nil || f["trials"] == nil || !strings.Contains(strings.ToLower(fmt.Sprint(f["status"])), "verified") {
+		t.Errorf("GET fork: %d %v", code, got)
+	}
+	if code, got := s.rest(t, http.MethodPost, "/api/runs/"+run+"/fork", `{"at_seq": 999}`); code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(got), "at_seq") {
+		t.Errorf("POST at_seq past the end: %d %v", code, got)
+	}
+	if code, got := s.rest(t, http.MethodGet, "/api/forks/job-nope", ""); code != http.StatusNotFound || !strings.Contains(fmt.Sprint(got), "job-nope") {
+		t.Errorf("GET unknown fork: %d %v", code, got)
+	}
+
+	out, stderr, err := s.run(t, "", "fork", "get", fork)
+	if err != nil || !strings.Contains(out, fork) || !strings.Contains(out, "verified") {
+		t.Errorf("hangar fork get: %v\n%s%s", err, out, stderr)
+	}
+	out, stderr, err = s.run(t, "", "fork", "list", "--run", run, "-o", "json")
+	if err != nil || !strings.Contains(out, fork) {
+		t.Errorf("hangar fork list --run: %v\n%s%s", err, out, stderr)
+	}
+	out, stderr, err = s.run(t, "", "run", "fork", run, "--at", "1", "-k", "0", "-w")
+	if err != nil || !strings.Contains(out, "verified") {
+		t.Errorf("hangar run fork -w: %v\n%s%s", err, out, stderr)
+	}
+	if _, stderr, err := s.run(t, "", "trial", "get", "job-nope.1"); err == nil || !strings.Contains(err.Error()+stderr, "job-nope.1") {
+		t.Errorf("hangar trial get of an unknown trial: %v %s", err, stderr)
+	}
+}

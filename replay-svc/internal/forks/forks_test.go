@@ -1,0 +1,71 @@
+package forks_test
+
+import (
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	replayv1 "github.com/hangar-dev/hangar/api/hangar/replay/v1"
+	"github.com/hangar-dev/hangar/platform/fault"
+	"github.com/hangar-dev/hangar/replay-svc/internal/forks"
+)
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	m := forks.New(forks.Options{})
+	f, err := m.Validate(&replayv1.ForkRunRequest{Run: "ses-a.run-1", AtSeq: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Continuations != 1 || f.OnDivergence != replayv1.OnDivergence_ON_DIVERGENCE_STOP || f.Budget.GetMaxCostUsd() != forks.DefaultBudget {
+		t.Errorf("defaults: %+v", f)
+	}
+	if f, _ := m.Validate(&replayv1.ForkRunRequest{Run: "r", Continuations: proto.Int32(0)}); f.Continuations != 0 {
+		t.Errorf("continuations 0 kept as %d", f.Continuations)
+	}
+	bad := []struct {
+		req   *replayv1.ForkRunRequest
+		code  codes.Code
+		field string
+	}{
+		{&replayv1.ForkRunRequest{}, codes.InvalidArgument, "run"},
+		{&replayv1.ForkRunRequest{Run: "r", AtSeq: -1}, codes.InvalidArgument, "at_seq"},
+		{&replayv1.ForkRunRequest{Run: "r", Continuations: proto.Int32(11)}, codes.InvalidArgument, "continuations"},
+		{&replayv1.ForkRunRequest{Run: "r", Continuations: proto.Int32(-1)}, codes.InvalidArgument, "continuations"},
+		{&replayv1.ForkRunRequest{Run: "r", OnDivergence: 9}, codes.InvalidArgument, "on_divergence"},
+		{&replayv1.ForkRunRequest{Run: "r", Budget: &replayv1.Budget{MaxCostUsd: -1}}, codes.InvalidArgument, "budget"},
+		{&replayv1.ForkRunRequest{Run: "r", WaitSeconds: -1}, codes.InvalidArgument, "wait_seconds"},
+		{&replayv1.ForkRunRequest{Run: "r", PinSet: "ps"}, codes.Unimplemented, "pin_set"},
+	}
+	for _, b := range bad {
+		_, err := m.Validate(b.req)
+		st := fault.Status(err)
+		if st.Code() != b.code || !strings.Contains(st.Message(), b.field) {
+			t.Errorf("%v: %v %q, want %v naming %s", b.req, st.Code(), st.Message(), b.code, b.field)
+		}
+	}
+}
+
+func TestPrompt(t *testing.T) {
+	t.Parallel()
+	step := func(body string) *gatewayv1.Step {
+		return &gatewayv1.Step{Request: &gatewayv1.StepRequest{Body: []byte(body)}}
+	}
+	tests := []struct{ name, body, want string }{
+		{"claude with reminders", `{"messages":[{"role":"user","content":[{"type":"text","text":"<system-reminder>\nctx\n</system-reminder>"},{"type":"text","text":"Please do it."},{"type":"text","text":"<system-reminder>git</system-reminder>"}]}]}`, "Please do it."},
+		{"anthropic string", `{"messages":[{"role":"user","content":"Fix the test"}]}`, "Fix the test"},
+		{"codex items", `{"input":[{"type":"message","role":"developer","content":[{"type":"input_text","text":"<permissions instructions>"}]},{"type":"message","role":"user","content":[{"type":"input_text","text":"# AGENTS.md instructions"}]},{"type":"message","role":"user","content":[{"type":"input_text","text":"<environment_context>cwd</environment_context>"}]},{"type":"message","role":"user","content":[{"type":"input_text","text":"Do the task"}]}]}`, "Do the task"},
+		{"chat", `{"messages":[{"role":"system","content":"sys"},{"role":"user","content":[{"type":"text","text":"Hello pi"}]}]}`, "Hello pi"},
+		{"responses string", `{"input":"Just this"}`, "Just this"},
+		{"none", `{"messages":[{"role":"assistant","content":"x"}]}`, ""},
+		{"not json", `{`, ""},
+	}
+	for _, tc := range tests {
+		if got := forks.Prompt(step(tc.body)); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
