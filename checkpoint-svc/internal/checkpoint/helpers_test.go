@@ -58,9 +58,11 @@ type world struct {
 	origin string
 	base   string
 	store  blob.Store
-	keys   *vault.Keyring
-	eng    *checkpoint.Engine
-	exec   checkpoint.Executor
+	// storeRoot is the directory the store keeps its objects in.
+	storeRoot string
+	keys      *vault.Keyring
+	eng       *checkpoint.Engine
+	exec      checkpoint.Executor
 	// ticks counts clock readings; shared by copies of the world made for
 	// parallel subtests, so it is atomic.
 	ticks *atomic.Int64
@@ -94,7 +96,8 @@ func newWorld(t testing.TB, tweak ...func(*checkpoint.Options)) *world {
 	git(t, w.origin, "add", "-A")
 	git(t, w.origin, "commit", "-q", "-m", "base")
 	w.base = git(t, w.origin, "rev-parse", "HEAD")
-	st, err := blob.NewDir(t.TempDir())
+	w.storeRoot = t.TempDir()
+	st, err := blob.NewDir(w.storeRoot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,6 +106,9 @@ func newWorld(t testing.TB, tweak ...func(*checkpoint.Options)) *world {
 	w.exec = &hostexec.Executor{Root: "/", Env: map[string]string{"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
 		// A sandbox's PATH: hangar-sandbox and git, nothing else.
 		"PATH": tooltest.MinimalPATH(t)}}
+	if tr := os.Getenv("XX_TRACE"); tr != "" {
+		w.exec.(*hostexec.Executor).Env["GIT_TRACE2_PERF"] = tr
+	}
 	w.opts = checkpoint.Options{Store: w.store, Exec: w.exec, Keys: w.keys, Now: w.clock,
 		KeepCheckpoints: 5, MaxUntrackedBytes: 20 << 20, MaxPartBytes: 100 << 20}
 	for _, f := range tweak {
