@@ -46,7 +46,7 @@ func TestRestoreReuseSandbox(t *testing.T) {
 		}},
 		{"file staged", func(t *testing.T, work, _ string) { git(t, work, "add", "src/b.go") }},
 		{"branch moved", func(t *testing.T, work, _ string) {
-			git(t, work, "branch", "-f", "main", "HEAD~1")
+			git(t, work, "branch", "-f", "main", "HEAD")
 		}},
 		{"commit made", func(t *testing.T, work, _ string) {
 			git(t, work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "sneaky")
