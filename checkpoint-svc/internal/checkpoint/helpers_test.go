@@ -106,9 +106,6 @@ func newWorld(t testing.TB, tweak ...func(*checkpoint.Options)) *world {
 	w.exec = &hostexec.Executor{Root: "/", Env: map[string]string{"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
 		// A sandbox's PATH: hangar-sandbox and git, nothing else.
 		"PATH": tooltest.MinimalPATH(t)}}
-	if tr := os.Getenv("XX_TRACE"); tr != "" {
-		w.exec.(*hostexec.Executor).Env["GIT_TRACE2_PERF"] = tr
-	}
 	w.opts = checkpoint.Options{Store: w.store, Exec: w.exec, Keys: w.keys, Now: w.clock,
 		KeepCheckpoints: 5, MaxUntrackedBytes: 20 << 20, MaxPartBytes: 100 << 20}
 	for _, f := range tweak {
