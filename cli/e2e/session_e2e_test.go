@@ -42,10 +42,14 @@ func sessionE2EScript() scripted.Script {
 // sessionE2EStart starts hangar with the scripted upstream and the real
 // CLIs, and an "e2e" environment of a small repository of its own, so
 // sandboxes clone fast.
-func sessionE2EStart(t *testing.T) *stack {
+func sessionE2EStart(t *testing.T, vars ...map[string]string) *stack {
 	t.Helper()
 	script := sessionE2EScript()
-	s := startStack(t, stackOptions{script: &script})
+	opts := stackOptions{script: &script}
+	if len(vars) > 0 {
+		opts.vars = vars[0]
+	}
+	s := startStack(t, opts)
 	s.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
 	return s
 }
@@ -54,8 +58,10 @@ func sessionE2EStart(t *testing.T) *stack {
 // real CLI: a first turn that commits, edits, stages and creates files; a
 // suspend that releases the sandbox; a second turn that resumes the agent's
 // own conversation in a restored work tree that is exactly as it was left.
+// The sandbox cache is off so the resume restores into a new sandbox
+// (TestSessionResumeFromCache and BenchmarkTurnLatency resume from it).
 func TestSessionSurvivesSuspendAndResume(t *testing.T) {
-	s := sessionE2EStart(t)
+	s := sessionE2EStart(t, map[string]string{"HANGAR_SANDBOX_CACHE": "0"})
 	for _, h := range agentCLIs {
 		t.Run(h.name, func(t *testing.T) {
 			ctx := context.Background()

@@ -124,6 +124,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		Logger:    svcLogger,
 		Now:       time.Now,
 		KeyPrefix: server.DefaultKeyPrefix,
+		CacheSize: cacheSize(cfg.Cache), CacheMaxBytes: int64(cfg.CacheMB) << 20,
 	})
 	if err != nil {
 		_ = closeDriver(drv)
@@ -182,4 +183,12 @@ func (a *App) Run(ctx context.Context, lis net.Listener) error {
 		a.svc.Logger().WarnContext(ctx, "redis close failed", "error", cerr)
 	}
 	return err
+}
+
+// cacheSize is the server's CacheSize for HANGAR_SANDBOX_CACHE (0: none).
+func cacheSize(n int) int {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }

@@ -29,6 +29,12 @@ type Config struct {
 	// shares the files until one is written (needs root and overlayfs; it
 	// copies files where it can't mount), files copies every file.
 	Copies string `env:"HANGAR_SANDBOX_COPIES" flag:"copies" default:"overlay" oneof:"overlay|files" help:"how a sandbox is copied for forks: overlay or files"`
+	// Cache is how many released sandboxes (suspended sessions') are kept
+	// with their files for their session's resume, which verifies one
+	// against its checkpoint before use; 0: none.
+	Cache int `env:"HANGAR_SANDBOX_CACHE" flag:"cache" default:"8" min:"0" max:"1024" help:"released sandboxes kept for their session's resume (0: none)"`
+	// CacheMB bounds the disk the cached sandboxes take.
+	CacheMB int `env:"HANGAR_SANDBOX_CACHE_MB" flag:"cache-mb" default:"20480" min:"1" unit:"MB" help:"disk the cached sandboxes may take, in MB"`
 	// Isolation is how the local driver isolates sandboxes: bwrap
 	// (bubblewrap namespaces; without it no sandbox starts) or none (the
 	// operator's explicit opt-out: sandboxes see this machine as the

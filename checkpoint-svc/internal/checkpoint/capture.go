@@ -183,7 +183,7 @@ func (e *Engine) Capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	}
 	session := req.GetSession()
 	defer e.lockSession(session)()
-	res, err := e.capture(ctx, req)
+	res, err := e.capture(ctx, req, nil)
 	if err != nil {
 		return nil, e.captureFailed(ctx, session, err)
 	}
@@ -197,7 +197,10 @@ func (e *Engine) Capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	return res, nil
 }
 
-func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpointRequest) (*CaptureResult, error) {
+// capture takes a checkpoint; with against, it is a check instead: nothing
+// is stored, and the result is against's checkpoint when the sandbox holds
+// exactly what against holds (errCachedDiffers otherwise).
+func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpointRequest, against *manifest) (*CaptureResult, error) {
 	e.gc.RLock()
 	defer e.gc.RUnlock()
 	sb := sandbox{req.GetSandboxId(), req.GetFencingToken()}
@@ -284,6 +287,7 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	var g errgroup.Group
 	for i, st := range steps {
 		writers[i] = newPartWriter(ctx, e.opt.Store, dk, e.idKey, st.kind, st.limit, e.known)
+		writers[i].dry = against != nil
 		g.Go(func() error {
 			got[i], warned[i], errs[i] = capturePart(writers[i], st.kind, st.limit, st.calls, st.allowed...)
 			if errs[i] != nil {
@@ -317,6 +321,9 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 	}
 	// A restore without the untracked files verifies the tracked ones.
 	tracked := ""
+	if untrackedSkipped && against != nil {
+		return nil, errCachedDiffers // skipped files can't be compared
+	}
 	if untrackedSkipped {
 		var th sandboxtool.TreeHashResponse
 		if _, err := e.toolJSON(ctx, sb, toolCall{sandboxtool.CommandTreeHash, sandboxtool.TreeHashRequest{WorkDir: wd, TrackedOnly: true}}, &th); err != nil {
@@ -346,6 +353,12 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 		cp.SizeBytes += p.GetSizeBytes()
 	}
 	m := &manifest{cp: cp, Refs: pr.refs, TrackedTreeHash: tracked, IntentToAdd: intentToAdd(pr)}
+	if against != nil {
+		if !sameContent(against, m) {
+			return nil, errCachedDiffers
+		}
+		return &CaptureResult{Checkpoint: against.cp, Created: false}, nil
+	}
 	if prev != nil && sameContent(prev, m) {
 		return &CaptureResult{Checkpoint: prev.cp, Warnings: prev.cp.GetWarnings(), Created: false}, nil
 	}

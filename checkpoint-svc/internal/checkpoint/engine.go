@@ -115,6 +115,9 @@ const (
 	ReasonNotARepo     = "WORK_DIR_NOT_A_REPOSITORY"
 	ReasonBaseMissing  = "BASE_COMMIT_MISSING"
 	ReasonTreeChanged  = "TREE_CHANGED"
+	// ReasonCachedDiffers: a restore with reuse_sandbox found the sandbox
+	// holding something other than the checkpoint (it was left untouched).
+	ReasonCachedDiffers = "CACHED_SANDBOX_DIFFERS"
 )
 
 // domainErr turns an internal error about checkpoint id into a fault with a

@@ -58,9 +58,11 @@ type world struct {
 	origin string
 	base   string
 	store  blob.Store
-	keys   *vault.Keyring
-	eng    *checkpoint.Engine
-	exec   checkpoint.Executor
+	// storeRoot is the directory the store keeps its objects in.
+	storeRoot string
+	keys      *vault.Keyring
+	eng       *checkpoint.Engine
+	exec      checkpoint.Executor
 	// ticks counts clock readings; shared by copies of the world made for
 	// parallel subtests, so it is atomic.
 	ticks *atomic.Int64
@@ -94,7 +96,8 @@ func newWorld(t testing.TB, tweak ...func(*checkpoint.Options)) *world {
 	git(t, w.origin, "add", "-A")
 	git(t, w.origin, "commit", "-q", "-m", "base")
 	w.base = git(t, w.origin, "rev-parse", "HEAD")
-	st, err := blob.NewDir(t.TempDir())
+	w.storeRoot = t.TempDir()
+	st, err := blob.NewDir(w.storeRoot)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -84,6 +84,8 @@ type partWriter struct {
 	objects []string
 	stored  int64 // sealed bytes newly written
 	known   *objectSet
+	// dry: only hash and size the part (a reuse check), store nothing.
+	dry bool
 }
 
 func newPartWriter(ctx context.Context, store blob.Store, dk *vault.DataKey, idKey []byte, kind checkpointv1.PartKind, limit int64, known *objectSet) *partWriter {
@@ -185,7 +187,7 @@ func (w *partWriter) emit() error {
 	w.objects = append(w.objects, id)
 	chunk := w.buf
 	w.buf, w.h = w.buf[:0], 0
-	if w.known.has(id) {
+	if w.dry || w.known.has(id) {
 		return nil
 	}
 	key := objectKey(id)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -57,8 +58,64 @@ func (e *Engine) Restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 			return nil, "", fault.InvalidArgument("relocate.from", "relocate.from %q is not one of the checkpoint's conversation paths", r.GetFrom())
 		}
 	}
+	if req.GetReuseSandbox() {
+		if err := e.checkReuse(ctx, req, m); err != nil {
+			return nil, "", err
+		}
+		return m.cp, m.cp.GetTreeHash(), nil
+	}
 	tree, err := e.restore(ctx, req, m)
 	return m.cp, tree, domainErr(id, err)
+}
+
+// errCachedDiffers: the sandbox does not hold the checkpoint.
+var errCachedDiffers = errors.New("the sandbox differs from the checkpoint")
+
+// checkReuse checks that the sandbox already holds checkpoint m (a cached
+// sandbox leased again): a capture of it, storing nothing, must yield
+// exactly m's parts — the same HEAD, branches, index, work tree and
+// untracked files byte for byte, and the same conversation files — and
+// its tree hash m's. A checkpoint with a part left out (over a limit)
+// can't be compared, so it is never reused. The sandbox is not written.
+func (e *Engine) checkReuse(ctx context.Context, req *checkpointv1.RestoreCheckpointRequest, m *manifest) error {
+	cp := m.cp
+	differs := func(why string, err error) error {
+		return fault.Wrap(fault.KindFailedPrecondition, ReasonCachedDiffers,
+			fmt.Sprintf("the sandbox does not hold checkpoint %s (%s): restore it into a fresh sandbox", cp.GetId(), why), err)
+	}
+	for _, p := range cp.GetParts() {
+		if p.GetSkipped() {
+			return differs("a part of it was not kept", nil)
+		}
+	}
+	if req.GetBranch() != "" && req.GetBranch() != cp.GetBranch() {
+		return differs("another branch was asked for", nil)
+	}
+	for _, r := range req.GetRelocate() {
+		if r.GetFrom() != r.GetTo() {
+			return differs("its conversation files move", nil)
+		}
+	}
+	cap := &checkpointv1.CaptureCheckpointRequest{
+		SandboxId: req.GetSandboxId(), FencingToken: req.GetFencingToken(), Session: cp.GetSession(),
+		Reason: cp.GetReason(), WorkDir: req.GetWorkDir(), Branch: cp.GetBranch(), BaseCommit: cp.GetBaseCommit(),
+		Harness: cp.GetHarness(), ConversationId: cp.GetConversationId(), Turn: cp.GetTurn(),
+		ConversationPaths: cp.GetConversationPaths(),
+	}
+	if err := checkCapture(cap); err != nil {
+		return differs("it cannot be captured", err)
+	}
+	defer e.lockSession(cp.GetSession())()
+	_, err := e.capture(ctx, cap, m)
+	switch {
+	case errors.Is(err, errCachedDiffers):
+		return differs("its files, index or refs changed", err)
+	case fault.Is(err, fault.KindFailedPrecondition):
+		return differs("it is not a repository at the checkpoint's base", err)
+	case err != nil:
+		return fmt.Errorf("check cached sandbox for %s: %w", cp.GetId(), err)
+	}
+	return nil
 }
 
 func (e *Engine) restore(ctx context.Context, req *checkpointv1.RestoreCheckpointRequest, m *manifest) (string, error) {

@@ -80,7 +80,8 @@ func (s *Checkpoints) RestoreCheckpoint(ctx context.Context, req *checkpointv1.R
 	if err != nil {
 		return nil, err
 	}
-	return &checkpointv1.RestoreCheckpointResponse{Checkpoint: cp, TreeHash: tree}, nil
+	// With reuse_sandbox, success is a reuse (a sandbox that differs fails).
+	return &checkpointv1.RestoreCheckpointResponse{Checkpoint: cp, TreeHash: tree, Reused: req.GetReuseSandbox()}, nil
 }
 
 // ListCheckpoints implements the RPC; page tokens are offsets.

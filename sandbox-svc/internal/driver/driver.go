@@ -223,3 +223,14 @@ type LeftoverCleaner interface {
 	// since it was listed (then it reports false).
 	RemoveLeftover(ctx context.Context, lo Leftover) (bool, error)
 }
+
+// Cacher is a Driver whose released sandboxes the server may keep, files
+// and all, for the next lease of their work key (a suspended session's
+// resume), instead of destroying them. It reports the disk they take so
+// the cache stays within its limits.
+type Cacher interface {
+	// DiskUsage is the bytes sb's files take on disk.
+	DiskUsage(ctx context.Context, sb Sandbox) (int64, error)
+	// FreeDisk is the bytes free where the driver keeps its sandboxes.
+	FreeDisk() (int64, error)
+}

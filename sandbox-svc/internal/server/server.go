@@ -53,6 +53,14 @@ type Deps struct {
 	// WorkDir is where the built-in "local" environment looks for its git
 	// repository (the process's working directory when empty).
 	WorkDir string
+	// The sandbox cache (cache.go): at most CacheSize sandboxes (-1: no
+	// cache), CacheMaxBytes of disk between them, none kept while the disk
+	// has less than CacheMinFree free, each for CacheTTL. Zero: the
+	// Default* values.
+	CacheSize     int
+	CacheMaxBytes int64
+	CacheMinFree  int64
+	CacheTTL      time.Duration
 }
 
 // Defaults.
@@ -86,6 +94,7 @@ type Server struct {
 	sandboxes map[string]*entry
 	pools     map[string]*poolEntry
 	terminals map[string]*termSession
+	cache     map[string]*cachedSandbox // by work key (cache.go)
 	closed    bool
 }
 
@@ -95,6 +104,9 @@ type entry struct {
 	sb       driver.Sandbox
 	fromPool bool
 	extraEnv map[string]string
+	// workKey is the acquire's (empty: none) and cacheSpec what the
+	// sandbox was made from (cache.go).
+	workKey, cacheSpec string
 
 	mu      sync.Mutex
 	state   sandboxv1.SandboxState
@@ -145,6 +157,7 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 		leases:    lease.New(deps.Redis, deps.KeyPrefix, deps.Now),
 		hooks:     destroyhook.NewHub(deps.Now, deps.DestroyHookTimeout),
 		sandboxes: map[string]*entry{}, pools: map[string]*poolEntry{}, terminals: map[string]*termSession{},
+		cache: map[string]*cachedSandbox{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	// Before any pool creates: what is on disk now is an earlier process's.
@@ -197,6 +210,8 @@ func (s *Server) Close(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); s.destroy(ctx, e, destroyhook.ReasonShutdown) }()
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); s.closeCache(ctx) }()
 	wg.Wait()
 	s.cancel()
 	s.wg.Wait()
@@ -416,6 +431,7 @@ func (s *Server) reapLoop() {
 // this: see "Sandboxes" in docs/ARCHITECTURE.md.
 func (s *Server) reap(ctx context.Context) {
 	defer s.reapLeftovers(ctx)
+	defer s.trimCache(ctx)
 	s.mu.Lock()
 	var leased []*entry
 	for _, e := range s.sandboxes {
@@ -712,7 +728,15 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 
 	var sb driver.Sandbox
 	fromPool := false
-	if req.GetCopyOf() != "" {
+	fits := cacheSpec(*env, egress)
+	cachedCheckpoint := ""
+	// A cached sandbox of the work key is leased again as it is; one that
+	// does not fit (or with no_cache or copy_of) is destroyed, freeing the
+	// key. The caller verifies a cached one before use.
+	if c := s.takeCached(ctx, req.GetWorkKey(), fits, req.GetNoCache() || req.GetCopyOf() != ""); c != nil {
+		sb, fromPool, cachedCheckpoint = c.e.sb, c.e.fromPool, c.checkpoint
+	}
+	if sb == nil && req.GetCopyOf() != "" {
 		if sb, err = s.copySandbox(ctx, req, env.Name, egress); err != nil {
 			return nil, err
 		}
@@ -755,7 +779,8 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 			"the %s driver's sandboxes carry hangar-sandbox protocol version %d, this service needs %d (0: none; set HANGAR_SANDBOX_TOOL)", s.drv.Name(), v, sandboxtool.Version)
 	}
 	id := sb.Info().ID
-	e := &entry{id: id, env: env.Name, sb: sb, fromPool: fromPool, extraEnv: req.GetEnv(), state: sandboxv1.SandboxState_SANDBOX_STATE_LEASED}
+	e := &entry{id: id, env: env.Name, sb: sb, fromPool: fromPool, extraEnv: req.GetEnv(), state: sandboxv1.SandboxState_SANDBOX_STATE_LEASED,
+		workKey: req.GetWorkKey(), cacheSpec: fits}
 	l, err := s.leases.Acquire(ctx, leaseResource(id), holder, ttl)
 	if err != nil {
 		_ = sb.Destroy(context.WithoutCancel(ctx))
@@ -771,8 +796,10 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 	s.sandboxes[id] = e
 	s.mu.Unlock()
 	s.log.Info("sandbox leased", slog.String("sandbox", id), slog.String("environment", env.Name),
-		slog.String("holder", holder), slog.Bool("from_pool", fromPool), slog.String("copy_of", req.GetCopyOf()))
-	return &sandboxv1.AcquireSandboxResponse{Sandbox: e.proto(), Lease: leaseToProto(l, id), SharedCopy: req.GetCopyOf() != "" && sb.Info().Layered}, nil
+		slog.String("holder", holder), slog.Bool("from_pool", fromPool), slog.String("copy_of", req.GetCopyOf()),
+		slog.String("cached_checkpoint", cachedCheckpoint))
+	return &sandboxv1.AcquireSandboxResponse{Sandbox: e.proto(), Lease: leaseToProto(l, id),
+		SharedCopy: req.GetCopyOf() != "" && sb.Info().Layered, CachedCheckpoint: cachedCheckpoint}, nil
 }
 
 // RenewLease extends a lease.
@@ -800,8 +827,9 @@ func (s *Server) RenewLease(ctx context.Context, req *sandboxv1.RenewLeaseReques
 	return &sandboxv1.RenewLeaseResponse{Lease: leaseToProto(l, e.id)}, nil
 }
 
-// ReleaseSandbox ends a lease; the sandbox is destroyed in the background
-// (after the destroy hooks), never returned to the pool.
+// ReleaseSandbox ends a lease; the sandbox is kept in the cache (with
+// cache_checkpoint, see cache.go) or destroyed in the background (after the
+// destroy hooks), never returned to the pool.
 func (s *Server) ReleaseSandbox(ctx context.Context, req *sandboxv1.ReleaseSandboxRequest) (*sandboxv1.ReleaseSandboxResponse, error) {
 	e, err := s.lookup(req.GetSandboxId())
 	if err != nil {
@@ -812,6 +840,11 @@ func (s *Server) ReleaseSandbox(ctx context.Context, req *sandboxv1.ReleaseSandb
 	}
 	if _, err := s.checkLease(ctx, e, req.GetFencingToken()); err != nil {
 		return nil, err
+	}
+	if cp := req.GetCacheCheckpoint(); cp != "" {
+		if kept, handled := s.cacheSandbox(ctx, e, req.GetFencingToken(), cp); handled {
+			return &sandboxv1.ReleaseSandboxResponse{Cached: kept}, nil
+		}
 	}
 	// The lease stays until the hooks ran, so subscribers can still use the
 	// sandbox with the holder's token; destroy releases it.

@@ -192,9 +192,9 @@ func hasPatch(p string) bool {
 // the second it wrote the index: git takes such entries for "racily clean"
 // and reads every one again at each status until the index is written in
 // a later second (and a copy of this sandbox by overlay would copy each one
-// up to do so). The tracked files written since a second before the
-// restore began (what it wrote, and what the sandbox's own checkout wrote
-// in that second) are dated two seconds before it began and the index is
+// up to do so). The tracked files written since the start of the second
+// the restore began in (what it wrote, and what the sandbox's own checkout
+// wrote in that second) are dated two seconds before it began and the index is
 // refreshed (each of them read once, against the index): then no entry is
 // racy (every other file is older than the second the restore began in,
 // and the index is written no earlier), and one of them the diffs changed
@@ -206,7 +206,10 @@ func settle(ctx context.Context, r repo, began time.Time) error {
 	if err != nil {
 		return err
 	}
-	recent := began.Add(-time.Second)
+	// Racy against the index written below: written in or after the
+	// second the restore began in. Older files are not, whatever the
+	// sandbox's own index said of them (the refresh checks those).
+	recent := began.Truncate(time.Second).Add(-time.Nanosecond)
 	past := began.Add(-2 * time.Second).Truncate(time.Second)
 	for _, name := range splitNUL(list) {
 		p := filepath.Join(r.dir, name)

@@ -138,7 +138,7 @@ func (m *Manager) prepareCopy(ctx context.Context, s, srcSession *store.Session,
 	b := m.leased(s.Name, acq)
 	b.base, b.restored = src.base, cp
 	fail := func(err error) (*booted, error) {
-		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token)
+		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token, "")
 		return nil, err
 	}
 	// The copy is checked byte for byte unless it shares the sibling's

@@ -116,7 +116,8 @@ func (m *Manager) Suspend(ctx context.Context, name, reason string) (*store.Sess
 		// captured (a background process would make the checkpoint
 		// disagree with itself).
 		m.killProcesses(ctx, s.Name, s.SandboxID, s.FencingToken)
-		if _, err := m.checkpoint(ctx, s, 0, "suspend", 0); err != nil {
+		cp, err := m.checkpoint(ctx, s, 0, "suspend", 0)
+		if err != nil {
 			// Keep the sandbox: releasing it now would lose work.
 			_, _ = m.transition(context.WithoutCancel(ctx), name, cur.State, "suspend failed: no checkpoint", store.StateSuspending)
 			return nil, err
@@ -125,7 +126,9 @@ func (m *Manager) Suspend(ctx context.Context, name, reason string) (*store.Sess
 		if s, err = m.clearSandbox(ctx, name); err != nil {
 			return nil, err
 		}
-		m.releaseSandbox(ctx, name, sandboxID, token)
+		// The sandbox holds cp (nothing runs in it): it may be kept for
+		// the resume, which checks it against cp before use.
+		m.releaseSandbox(ctx, name, sandboxID, token, cp.GetId())
 	}
 	return m.transition(ctx, name, store.StateSuspended, reason, store.StateSuspending)
 }

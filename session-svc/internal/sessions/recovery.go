@@ -163,7 +163,7 @@ func (m *Manager) settle(ctx context.Context, s *store.Session, sb *sandboxv1.Sa
 		if _, err := m.clearSandbox(ctx, s.Name); err != nil {
 			return "", err
 		}
-		m.releaseSandbox(ctx, s.Name, sb.GetId(), token)
+		m.releaseSandbox(ctx, s.Name, sb.GetId(), token, "")
 		if leftBehind {
 			return fmt.Sprintf(reasonLeftBehind, cp.GetId()), nil
 		}

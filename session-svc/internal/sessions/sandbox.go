@@ -103,20 +103,34 @@ type booted struct {
 
 // prepare leases and fills a sandbox for s (boot without the record). On
 // failure the sandbox is released.
+//
+// The sandbox may be the session's own, cached since its suspend (its
+// files kept, see sandbox-svc's cache): it is used only when the checkpoint
+// it was released after is the one to restore and a capture of it, storing
+// nothing, is that checkpoint exactly (RestoreCheckpointRequest.reuse_sandbox);
+// otherwise it is destroyed and a fresh one restored.
 func (m *Manager) prepare(ctx context.Context, s *store.Session) (*booted, error) {
-	acq, err := m.d.Sandboxes.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{
-		Environment: s.Environment,
-		Repository:  s.Repo,
-		Holder:      holder(s.Name),
-		TtlSeconds:  int32(m.cfg.LeaseTTL / time.Second),
-		WorkKey:     s.Name,
-	})
+	acquire := func(noCache bool) (*sandboxv1.AcquireSandboxResponse, error) {
+		acq, err := m.d.Sandboxes.AcquireSandbox(ctx, &sandboxv1.AcquireSandboxRequest{
+			Environment: s.Environment,
+			Repository:  s.Repo,
+			Holder:      holder(s.Name),
+			TtlSeconds:  int32(m.cfg.LeaseTTL / time.Second),
+			WorkKey:     s.Name,
+			NoCache:     noCache,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("lease a sandbox for %s: %w", s.Name, err)
+		}
+		return acq, nil
+	}
+	acq, err := acquire(false)
 	if err != nil {
-		return nil, fmt.Errorf("lease a sandbox for %s: %w", s.Name, err)
+		return nil, err
 	}
 	b := m.leased(s.Name, acq)
 	fail := func(err error) (*booted, error) {
-		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token)
+		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token, "")
 		return nil, err
 	}
 
@@ -125,6 +139,31 @@ func (m *Manager) prepare(ctx context.Context, s *store.Session) (*booted, error
 		return fail(err)
 	}
 	b.base = s.BaseCommit
+	if cached := acq.GetCachedCheckpoint(); cached != "" {
+		if newest != nil && cached == newest.GetId() {
+			resp, err := m.d.Checkpoints.RestoreCheckpoint(ctx, &checkpointv1.RestoreCheckpointRequest{
+				CheckpointId: newest.GetId(), SandboxId: b.sb.GetId(), FencingToken: b.token,
+				WorkDir: b.sb.GetWorkDir(), Branch: s.Branch, Relocate: relocation(b.sb, newest), ReuseSandbox: true,
+			})
+			if err == nil && resp.GetReused() {
+				b.restored, b.tree = newest, resp.GetTreeHash()
+				return b, nil
+			}
+			if ctx.Err() != nil {
+				return fail(ctx.Err())
+			}
+			// CACHED_SANDBOX_DIFFERS, or the check could not be made: the
+			// fresh path below restores and verifies.
+			m.log.InfoContext(ctx, "cached sandbox not reused; restoring into a fresh one", "session", s.Name, "sandbox", b.sb.GetId(), "error", err)
+		}
+		// Not the checkpoint to restore, or changed since: never used.
+		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token, "")
+		if acq, err = acquire(true); err != nil {
+			return nil, err
+		}
+		b = m.leased(s.Name, acq)
+		b.base = s.BaseCommit
+	}
 	if newest != nil {
 		resp, err := m.d.Checkpoints.RestoreCheckpoint(ctx, &checkpointv1.RestoreCheckpointRequest{
 			CheckpointId: newest.GetId(), SandboxId: b.sb.GetId(), FencingToken: b.token,
@@ -181,7 +220,7 @@ func (m *Manager) record(ctx context.Context, s *store.Session, b *booted, activ
 		return nil
 	})
 	if err != nil {
-		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token)
+		m.releaseSandbox(context.WithoutCancel(ctx), s.Name, b.sb.GetId(), b.token, "")
 		return nil, fmt.Errorf("record sandbox of %s: %w", s.Name, err)
 	}
 	if b.restored == nil {
@@ -190,16 +229,22 @@ func (m *Manager) record(ctx context.Context, s *store.Session, b *booted, activ
 	return updated, nil
 }
 
-// releaseSandbox gives a sandbox back (it is destroyed, never pooled) and
-// forgets it.
-func (m *Manager) releaseSandbox(ctx context.Context, name, sandboxID string, token uint64) {
+// releaseSandbox gives a sandbox back (destroyed, never pooled) and
+// forgets it. With cacheCheckpoint (the checkpoint its tree holds, just
+// captured) the sandbox service may keep it for the session's next boot
+// instead.
+func (m *Manager) releaseSandbox(ctx context.Context, name, sandboxID string, token uint64, cacheCheckpoint string) {
 	m.dropLease(name)
 	m.mu.Lock()
 	delete(m.sandboxes, sandboxID)
 	m.mu.Unlock()
-	if _, err := m.d.Sandboxes.ReleaseSandbox(ctx, &sandboxv1.ReleaseSandboxRequest{SandboxId: sandboxID, FencingToken: token}); err != nil {
+	resp, err := m.d.Sandboxes.ReleaseSandbox(ctx, &sandboxv1.ReleaseSandboxRequest{SandboxId: sandboxID, FencingToken: token, CacheCheckpoint: cacheCheckpoint})
+	if err != nil {
 		m.log.WarnContext(ctx, "sandbox release failed", "session", name, "sandbox", sandboxID, "error", err)
 		return
+	}
+	if resp.GetCached() {
+		return // kept, not destroyed: nothing to wait for
 	}
 	// Destruction runs after the release returns (destroy hooks first). Wait
 	// for it: a suspended session has no sandbox, and the next boot reuses

@@ -239,7 +239,15 @@ type RestoreCheckpointRequest struct {
 	// `to` instead (a fork's sandbox is not its parent's: the harness looks
 	// for the conversation under the fork's own home and work tree). Each
 	// `from` must be one of the checkpoint's conversation paths.
-	Relocate      []*PathRewrite `protobuf:"bytes,6,rep,name=relocate,proto3" json:"relocate,omitempty"`
+	Relocate []*PathRewrite `protobuf:"bytes,6,rep,name=relocate,proto3" json:"relocate,omitempty"`
+	// The sandbox may hold this checkpoint already (one released with
+	// ReleaseSandboxRequest.cache_checkpoint and leased again): it is
+	// captured without storing anything, and when everything the checkpoint
+	// holds (HEAD, branches, index, work tree, untracked and conversation
+	// files) is the same, nothing is restored (reused). When anything
+	// differs, the restore fails with CACHED_SANDBOX_DIFFERS and the sandbox
+	// is untouched: the caller destroys it and restores into a fresh one.
+	ReuseSandbox  bool `protobuf:"varint,7,opt,name=reuse_sandbox,json=reuseSandbox,proto3" json:"reuse_sandbox,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -316,6 +324,13 @@ func (x *RestoreCheckpointRequest) GetRelocate() []*PathRewrite {
 	return nil
 }
 
+func (x *RestoreCheckpointRequest) GetReuseSandbox() bool {
+	if x != nil {
+		return x.ReuseSandbox
+	}
+	return false
+}
+
 // PathRewrite moves a captured path prefix to another place at restore.
 type PathRewrite struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -373,7 +388,10 @@ type RestoreCheckpointResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Checkpoint *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	// The restored tree's hash; equal to the checkpoint's.
-	TreeHash      string `protobuf:"bytes,2,opt,name=tree_hash,json=treeHash,proto3" json:"tree_hash,omitempty"`
+	TreeHash string `protobuf:"bytes,2,opt,name=tree_hash,json=treeHash,proto3" json:"tree_hash,omitempty"`
+	// With reuse_sandbox: the sandbox held the checkpoint, nothing was
+	// restored.
+	Reused        bool `protobuf:"varint,3,opt,name=reused,proto3" json:"reused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -420,6 +438,13 @@ func (x *RestoreCheckpointResponse) GetTreeHash() string {
 		return x.TreeHash
 	}
 	return ""
+}
+
+func (x *RestoreCheckpointResponse) GetReused() bool {
+	if x != nil {
+		return x.Reused
+	}
+	return false
 }
 
 type ListCheckpointsRequest struct {
@@ -1234,7 +1259,7 @@ const file_hangar_checkpoint_v1_service_proto_rawDesc = "" +
 	"checkpoint\x18\x01 \x01(\v2 .hangar.checkpoint.v1.CheckpointR\n" +
 	"checkpoint\x129\n" +
 	"\bwarnings\x18\x02 \x03(\v2\x1d.hangar.checkpoint.v1.WarningR\bwarnings\x12\x18\n" +
-	"\acreated\x18\x03 \x01(\bR\acreated\"\xf5\x01\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\"\x9a\x02\n" +
 	"\x18RestoreCheckpointRequest\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x12\x1d\n" +
 	"\n" +
@@ -1242,15 +1267,17 @@ const file_hangar_checkpoint_v1_service_proto_rawDesc = "" +
 	"\rfencing_token\x18\x03 \x01(\x04R\ffencingToken\x12\x19\n" +
 	"\bwork_dir\x18\x04 \x01(\tR\aworkDir\x12\x16\n" +
 	"\x06branch\x18\x05 \x01(\tR\x06branch\x12=\n" +
-	"\brelocate\x18\x06 \x03(\v2!.hangar.checkpoint.v1.PathRewriteR\brelocate\"1\n" +
+	"\brelocate\x18\x06 \x03(\v2!.hangar.checkpoint.v1.PathRewriteR\brelocate\x12#\n" +
+	"\rreuse_sandbox\x18\a \x01(\bR\freuseSandbox\"1\n" +
 	"\vPathRewrite\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
-	"\x02to\x18\x02 \x01(\tR\x02to\"z\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\"\x92\x01\n" +
 	"\x19RestoreCheckpointResponse\x12@\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2 .hangar.checkpoint.v1.CheckpointR\n" +
 	"checkpoint\x12\x1b\n" +
-	"\ttree_hash\x18\x02 \x01(\tR\btreeHash\"n\n" +
+	"\ttree_hash\x18\x02 \x01(\tR\btreeHash\x12\x16\n" +
+	"\x06reused\x18\x03 \x01(\bR\x06reused\"n\n" +
 	"\x16ListCheckpointsRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +

@@ -513,7 +513,10 @@ type AcquireSandboxRequest struct {
 	// Use this repository instead of the environment's (a session's --repo):
 	// a local path on the sandbox service's machine or a git URL, cloned at
 	// its HEAD. The warm pool is not used unless it is the environment's.
-	Repository    string `protobuf:"bytes,10,opt,name=repository,proto3" json:"repository,omitempty"`
+	Repository string `protobuf:"bytes,10,opt,name=repository,proto3" json:"repository,omitempty"`
+	// Do not lease the sandbox cached for work_key (see
+	// ReleaseSandboxRequest.cache_checkpoint): destroy it and make a new one.
+	NoCache       bool `protobuf:"varint,11,opt,name=no_cache,json=noCache,proto3" json:"no_cache,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -618,6 +621,13 @@ func (x *AcquireSandboxRequest) GetRepository() string {
 	return ""
 }
 
+func (x *AcquireSandboxRequest) GetNoCache() bool {
+	if x != nil {
+		return x.NoCache
+	}
+	return false
+}
+
 type AcquireSandboxResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -626,9 +636,14 @@ type AcquireSandboxResponse struct {
 	// either sandbox writes one (overlays of one read-only layer), so it
 	// holds what the source held by construction; false when its files were
 	// copied one by one.
-	SharedCopy    bool `protobuf:"varint,3,opt,name=shared_copy,json=sharedCopy,proto3" json:"shared_copy,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SharedCopy bool `protobuf:"varint,3,opt,name=shared_copy,json=sharedCopy,proto3" json:"shared_copy,omitempty"`
+	// Set when the sandbox is one released with cache_checkpoint and kept for
+	// its work key: the checkpoint it was released after. Its files are as
+	// they were at the release unless someone changed them since; the caller
+	// must verify them before use (RestoreCheckpointRequest.reuse_sandbox).
+	CachedCheckpoint string `protobuf:"bytes,4,opt,name=cached_checkpoint,json=cachedCheckpoint,proto3" json:"cached_checkpoint,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AcquireSandboxResponse) Reset() {
@@ -680,6 +695,13 @@ func (x *AcquireSandboxResponse) GetSharedCopy() bool {
 		return x.SharedCopy
 	}
 	return false
+}
+
+func (x *AcquireSandboxResponse) GetCachedCheckpoint() string {
+	if x != nil {
+		return x.CachedCheckpoint
+	}
+	return ""
 }
 
 type RenewLeaseRequest struct {
@@ -787,11 +809,17 @@ func (x *RenewLeaseResponse) GetLease() *Lease {
 }
 
 type ReleaseSandboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	FencingToken  uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId    string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	FencingToken uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	// The sandbox's work tree holds this checkpoint (just captured, nothing
+	// running): keep it, with its files, as a cache for the next acquire of
+	// its work key instead of destroying it, where the driver can and the
+	// cache's disk limits allow. Its processes are ended first. Empty:
+	// destroy it.
+	CacheCheckpoint string `protobuf:"bytes,3,opt,name=cache_checkpoint,json=cacheCheckpoint,proto3" json:"cache_checkpoint,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ReleaseSandboxRequest) Reset() {
@@ -838,8 +866,18 @@ func (x *ReleaseSandboxRequest) GetFencingToken() uint64 {
 	return 0
 }
 
+func (x *ReleaseSandboxRequest) GetCacheCheckpoint() string {
+	if x != nil {
+		return x.CacheCheckpoint
+	}
+	return ""
+}
+
 type ReleaseSandboxResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sandbox was kept as a cache (no destroy follows); false: it is
+	// being destroyed.
+	Cached        bool `protobuf:"varint,1,opt,name=cached,proto3" json:"cached,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -872,6 +910,13 @@ func (x *ReleaseSandboxResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ReleaseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseSandboxResponse) Descriptor() ([]byte, []int) {
 	return file_hangar_sandbox_v1_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReleaseSandboxResponse) GetCached() bool {
+	if x != nil {
+		return x.Cached
+	}
+	return false
 }
 
 type KillProcessesRequest struct {
@@ -2359,7 +2404,7 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\x0eGetPoolRequest\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\">\n" +
 	"\x0fGetPoolResponse\x12+\n" +
-	"\x04pool\x18\x01 \x01(\v2\x17.hangar.sandbox.v1.PoolR\x04pool\"\xbd\x03\n" +
+	"\x04pool\x18\x01 \x01(\v2\x17.hangar.sandbox.v1.PoolR\x04pool\"\xd8\x03\n" +
 	"\x15AcquireSandboxRequest\x12 \n" +
 	"\venvironment\x18\x01 \x01(\tR\venvironment\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x1f\n" +
@@ -2374,15 +2419,17 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\n" +
 	" \x01(\tR\n" +
-	"repository\x1a6\n" +
+	"repository\x12\x19\n" +
+	"\bno_cache\x18\v \x01(\bR\anoCache\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcc\x01\n" +
 	"\x16AcquireSandboxResponse\x124\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1a.hangar.sandbox.v1.SandboxR\asandbox\x12.\n" +
 	"\x05lease\x18\x02 \x01(\v2\x18.hangar.sandbox.v1.LeaseR\x05lease\x12\x1f\n" +
 	"\vshared_copy\x18\x03 \x01(\bR\n" +
-	"sharedCopy\"x\n" +
+	"sharedCopy\x12+\n" +
+	"\x11cached_checkpoint\x18\x04 \x01(\tR\x10cachedCheckpoint\"x\n" +
 	"\x11RenewLeaseRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
@@ -2390,12 +2437,14 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\vttl_seconds\x18\x03 \x01(\x05R\n" +
 	"ttlSeconds\"D\n" +
 	"\x12RenewLeaseResponse\x12.\n" +
-	"\x05lease\x18\x01 \x01(\v2\x18.hangar.sandbox.v1.LeaseR\x05lease\"[\n" +
+	"\x05lease\x18\x01 \x01(\v2\x18.hangar.sandbox.v1.LeaseR\x05lease\"\x86\x01\n" +
 	"\x15ReleaseSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
-	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\"\x18\n" +
-	"\x16ReleaseSandboxResponse\"Z\n" +
+	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x12)\n" +
+	"\x10cache_checkpoint\x18\x03 \x01(\tR\x0fcacheCheckpoint\"0\n" +
+	"\x16ReleaseSandboxResponse\x12\x16\n" +
+	"\x06cached\x18\x01 \x01(\bR\x06cached\"Z\n" +
 	"\x14KillProcessesRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +

@@ -357,10 +357,48 @@ func (sb *Sandbox) clone(ctx context.Context) (string, error) {
 	if commit == "" {
 		return "", fmt.Errorf("base ref %q not found in %s", ref, repo)
 	}
+	began := time.Now()
 	if _, err := git(ctx, sb.workDir(), "checkout", "--quiet", "--detach", commit); err != nil {
 		return "", err
 	}
+	if time.Since(began) >= settleAfter {
+		if err := settleIndex(ctx, sb.workDir()); err != nil {
+			return "", err
+		}
+	}
 	return commit, nil
+}
+
+// settleAfter: a checkout that took this long wrote enough files in its
+// last second for settleIndex to pay off.
+const settleAfter = 200 * time.Millisecond
+
+// settleIndex leaves no racily clean entry in a fresh checkout's index.
+// The checkout wrote its last files in the second it wrote the index: git
+// can't tell those from files changed after it, so every later command
+// (the restore's checkout, each tree hash) reads them again, and a restore
+// rewrites them, until the index is written in a later second. Waiting
+// for that second and refreshing once reads each of them once, here,
+// where the sandbox is being made (off the resume's path for pooled and
+// cached sandboxes), instead of in every restore: the restore then costs
+// what it restores, not what the repository holds. The refresh is git's
+// own check: whatever wrote meanwhile (setup commands) is seen.
+func settleIndex(ctx context.Context, dir string) error {
+	st, err := os.Stat(filepath.Join(dir, ".git", "index"))
+	if err != nil {
+		return err
+	}
+	if wait := time.Until(st.ModTime().Truncate(time.Second).Add(time.Second)); wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	_, err = git(ctx, dir, "update-index", "-q", "--refresh")
+	return err
 }
 
 func git(ctx context.Context, dir string, args ...string) (string, error) {
