@@ -51,8 +51,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/hangar-dev/hangar/platform/apijson"
 	"github.com/hangar-dev/hangar/platform/auth"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/platform/rpc"
@@ -326,18 +326,16 @@ func dialTarget(addr net.Addr) string {
 	return addr.String()
 }
 
-// newGatewayMux returns a grpc-gateway mux that writes JSON with the proto
-// field names and all fields, ignores unknown request fields but not unknown
-// enum names, and answers a body over the cap with 413.
+// newGatewayMux returns a grpc-gateway mux that writes and reads hangar's
+// JSON (apijson: proto field names, all fields, enums by the names the docs
+// use, 64-bit integers as numbers), ignores unknown request fields but not
+// unknown enum names, and answers a body over the cap with 413.
 func newGatewayMux() *runtime.ServeMux {
 	return runtime.NewServeMux(
 		runtime.WithOutgoingHeaderMatcher(noMetadataHeaders),
 		runtime.WithOutgoingTrailerMatcher(noMetadataHeaders),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.HTTPBodyMarshaler{
-			Marshaler: &enumCheckingJSON{JSONPb: runtime.JSONPb{
-				MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
-				UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: true},
-			}},
+			Marshaler: &enumCheckingJSON{},
 		}),
 		runtime.WithErrorHandler(gatewayError),
 	)
@@ -359,7 +357,8 @@ func gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 	}
 	if status.Code(err) == codes.InvalidArgument && r.URL.RawQuery != "" {
 		if md := requestDescriptor(ctx); md != nil {
-			if ferr := checkQueryEnums(md, r.URL.Query()); ferr != nil {
+			var ferr *fault.Error
+			if _, qerr := apijson.NormalizeQuery(md, r.URL.Query()); errors.As(qerr, &ferr) {
 				err = fault.Status(ferr).Err()
 			}
 		}
