@@ -330,4 +330,3 @@ func (w *rewriter) str(s string) {
 func wellKnown(md protoreflect.MessageDescriptor) bool {
 	return strings.HasPrefix(string(md.FullName()), "google.protobuf.")
 }
-

@@ -103,4 +103,3 @@ func requestDescriptor(ctx context.Context) protoreflect.MessageDescriptor {
 	}
 	return nil
 }
-
