@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -432,8 +433,43 @@ func TestFirstHourCompletionAndOutput(t *testing.T) {
 			t.Errorf("hangar %s -o yaml printed JSON:\n%s", strings.Join(args, " "), y)
 		}
 	}
-	// The REST API's field names.
-	if out := s.ok(t, "session", "get", "comp-one", "-o", "json"); !strings.Contains(out, `"base_commit":`) || !strings.Contains(out, `"state_reason":`) {
-		t.Errorf("session get -o json lacks the proto field names:\n%s", out)
+	// The REST API's field names, enums as the docs write them, 64-bit
+	// integers as numbers.
+	out := s.ok(t, "session", "get", "comp-one", "-o", "json")
+	sessionCLIWant(t, "session get -o json", out, `"base_commit":`, `"state_reason":`, `"state": "suspended"`, `"harness": "claude"`, `"input_tokens": 0`)
+	if strings.Contains(out, "SESSION_STATE_") || strings.Contains(out, "HARNESS_") || strings.Contains(out, `_tokens": "`) {
+		t.Errorf("session get -o json has proto enum names or 64-bit integers as strings:\n%s", out)
+	}
+	// -o json is the REST answer.
+	req, err := http.NewRequest(http.MethodGet, s.env["HANGAR_URL"]+"/api/sessions/comp-one", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+s.env["HANGAR_TOKEN"])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	var fromCLI, fromREST map[string]any
+	if err := json.Unmarshal([]byte(out), &fromCLI); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(rest, &fromREST); err != nil {
+		t.Fatalf("GET /api/sessions/comp-one = %d %s", resp.StatusCode, rest)
+	}
+	if got := fromREST["session"]; !reflect.DeepEqual(got, fromCLI) {
+		t.Errorf("GET /api/sessions/comp-one's session = %v\nsession get -o json = %v", got, fromCLI)
+	}
+	// Requests take the docs' names too: ?states=suspended.
+	req.URL.Path, req.URL.RawQuery = "/api/sessions", "states=suspended&states=SESSION_STATE_IDLE"
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ = io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(rest), `"name":"comp-one"`) || !strings.Contains(string(rest), `"state":"suspended"`) {
+		t.Errorf("GET /api/sessions?states=suspended = %d %s", resp.StatusCode, rest)
 	}
 }

@@ -299,8 +299,9 @@ func (w *rewriter) copyValue() error {
 	if err := w.dec.Decode(&raw); err != nil {
 		return err
 	}
-	w.out.Write(raw)
-	return nil
+	// protojson varies its whitespace from build to build on purpose; the
+	// output is compact, the same every time.
+	return json.Compact(&w.out, raw)
 }
 
 // str writes s as a JSON string without HTML escapes (protojson writes

@@ -22,8 +22,9 @@ var namesCache sync.Map // protoreflect.FullName -> *enumNames
 // gives every value (the enum's name in UPPER_SNAKE_CASE and "_"), in
 // lower case: SESSION_STATE_IDLE is "idle", TURN_OUTCOME_OVER_BUDGET
 // "over_budget". An enum whose values do not all carry that prefix
-// (grpc.health.v1's SERVING, NOT_SERVING) keeps the whole name, in lower
-// case. If stripping would give two values one name, no value is stripped.
+// (grpc.health.v1's SERVING, NOT_SERVING) keeps the whole names, in lower
+// case. Two values never get one name: protoc refuses a proto3 enum whose
+// names collide once that prefix is stripped.
 func names(ed protoreflect.EnumDescriptor) *enumNames {
 	if n, ok := namesCache.Load(ed.FullName()); ok {
 		return n.(*enumNames)
@@ -37,17 +38,6 @@ func names(ed protoreflect.EnumDescriptor) *enumNames {
 			break
 		}
 	}
-	n := build(values, prefix)
-	if n == nil {
-		n = build(values, "")
-	}
-	namesCache.Store(ed.FullName(), n)
-	return n
-}
-
-// build names every value; nil when two values (other than aliases of one
-// number) would share a name.
-func build(values protoreflect.EnumValueDescriptors, prefix string) *enumNames {
 	n := &enumNames{
 		short:   make(map[protoreflect.EnumNumber]string, values.Len()),
 		numbers: make(map[string]protoreflect.EnumNumber, values.Len()),
@@ -55,9 +45,6 @@ func build(values protoreflect.EnumValueDescriptors, prefix string) *enumNames {
 	for i := range values.Len() {
 		ev := values.Get(i)
 		name := strings.ToLower(strings.TrimPrefix(string(ev.Name()), prefix))
-		if num, taken := n.numbers[name]; taken && num != ev.Number() {
-			return nil
-		}
 		n.numbers[name] = ev.Number()
 		if _, ok := n.short[ev.Number()]; !ok {
 			n.short[ev.Number()] = name // the first of aliases names the number
@@ -66,6 +53,7 @@ func build(values protoreflect.EnumValueDescriptors, prefix string) *enumNames {
 			n.listed = append(n.listed, name)
 		}
 	}
+	namesCache.Store(ed.FullName(), n)
 	return n
 }
 

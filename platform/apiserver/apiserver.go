@@ -51,6 +51,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/hangar-dev/hangar/platform/apijson"
 	"github.com/hangar-dev/hangar/platform/auth"
@@ -86,6 +87,10 @@ type Options struct {
 	// by Serve, once the server's own listener address is known.
 	Gateways []func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error
 	// OpenAPI is served at GET /openapi.json without a token; nil means 404.
+	// It is protoc-gen-openapiv2's document, which New rewrites to describe
+	// the JSON the gateway speaks (apijson.OpenAPI: enums by their JSON
+	// names, 64-bit integers as integers) for the hangar.* enums registered
+	// in protoregistry.GlobalFiles.
 	OpenAPI []byte
 	// Metrics is served at GET /metrics to holders of the token; nil means
 	// 404.
@@ -141,6 +146,13 @@ func New(opts Options) (*Server, error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.OpenAPI != nil {
+		doc, err := apijson.OpenAPI(opts.OpenAPI, protoregistry.GlobalFiles, "hangar.")
+		if err != nil {
+			return nil, fmt.Errorf("apiserver: Options.OpenAPI: %w", err)
+		}
+		opts.OpenAPI = doc
 	}
 	s := &Server{opts: opts, logger: logger}
 	for prefix, h := range opts.Routes {
