@@ -112,7 +112,9 @@ func newAll(t *testing.T, js string) *dynamicpb.Message {
 
 func TestEnumNames(t *testing.T) {
 	md := descriptor(t, "All")
-	enum := func(field string) protoreflect.EnumDescriptor { return md.Fields().ByName(protoreflect.Name(field)).Enum() }
+	enum := func(field string) protoreflect.EnumDescriptor {
+		return md.Fields().ByName(protoreflect.Name(field)).Enum()
+	}
 	for _, tt := range []struct {
 		ed   protoreflect.EnumDescriptor
 		want []string
