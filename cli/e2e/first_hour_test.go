@@ -410,6 +410,36 @@ func TestFirstHourResumeInTheSandbox(t *testing.T) {
 	}
 }
 
+// TestFirstHourResumePiInTheSandbox: the spec's "attach, then run the
+// resume_command that get shows" for pi, which turns run by path with a
+// Node >= 22.19 first on PATH: the attached shell finds pi by name and that
+// Node, and get's resume_command, typed as it is, continues the
+// conversation through the gateway.
+func TestFirstHourResumePiInTheSandbox(t *testing.T) {
+	if os.Getenv("HANGAR_PI_NODE_BIN_DIR") == "" {
+		t.Skip("HANGAR_PI_NODE_BIN_DIR is not set (.ci/install-harnesses sets it)")
+	}
+	s := sessionFeatStart(t)
+	s.mustCLI(t, "session", "new", "pi-inter", "hello", "-e", "e2e", "--harness", "pi", "-w")
+	sess := s.get(t, "pi-inter")
+	resume := sess.GetResumeCommand()
+	if !strings.HasPrefix(resume, "pi --session-id ") {
+		t.Fatalf("resume_command = %q, want pi --session-id ...", resume)
+	}
+	script := "command -v pi\nnode --version\n" + resume + " -p 'Please do it again.'; echo \"resume-exit=$?\"\nexit\n"
+	out, errOut, err := s.run(t, script, "sb", "attach", sess.GetSandboxId())
+	if err != nil {
+		t.Fatalf("sb attach: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	// pi by name, pi's Node (the system's is older), and the scripted
+	// model's answer through the gateway.
+	sessionCLIWant(t, "resume_command in an attached shell", out, "/pi\r\n", "v22.", "OK.", "resume-exit=0")
+	if strings.Contains(out, "not found") {
+		t.Errorf("the attached shell misses a program:\n%s", out)
+	}
+	sessionCLIWant(t, "sb attach's hint", errOut, "session pi-inter: continue the agent's conversation here with: ", "--session-id")
+}
+
 // TestFirstHourCompletionAndOutput: completion offers sessions,
 // environments and harnesses; -o json|yaml on the read commands answers the
 // REST API's JSON.
