@@ -12,9 +12,13 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
+	"github.com/hangar-dev/hangar/api/openapi"
 	"github.com/hangar-dev/hangar/platform/apijson"
 )
 
@@ -119,5 +123,82 @@ func TestOutputJSONGolden(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(out), &list); err != nil || len(list.Events) != 4 || list.Events[3]["kind"] != "harness_drift" || list.Events[0]["seq"] != 1.0 {
 		t.Errorf("events -o json = %v (%v)", list.Events, err)
+	}
+}
+
+// TestEveryHangarEnumRoundTrips: every value of every enum of the contract
+// is written by a name of its own and read back, alone and in a message
+// field, and the served OpenAPI document can be rewritten (no proto name
+// stands for two JSON names).
+func TestEveryHangarEnumRoundTrips(t *testing.T) {
+	var enums, fields int
+	protoregistry.GlobalFiles.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
+		if !strings.HasPrefix(string(fd.Package()), "hangar.") {
+			return true
+		}
+		var messages func(protoreflect.MessageDescriptors)
+		checkEnums := func(eds protoreflect.EnumDescriptors) {
+			for i := range eds.Len() {
+				ed := eds.Get(i)
+				enums++
+				seen := map[string]protoreflect.EnumNumber{}
+				values := ed.Values()
+				for j := range values.Len() {
+					ev := values.Get(j)
+					name := apijson.EnumName(dynamicpb.NewEnumType(ed).New(ev.Number()))
+					if name == "" || strings.ToLower(name) != name {
+						t.Errorf("%s: JSON name %q", ev.FullName(), name)
+					}
+					if num, dup := seen[name]; dup && num != ev.Number() {
+						t.Errorf("%s: %q names %d and %d", ed.FullName(), name, num, ev.Number())
+					}
+					seen[name] = ev.Number()
+					for _, s := range []string{name, string(ev.Name())} {
+						if num, ok := apijson.ParseEnum(ed, s); !ok || num != ev.Number() {
+							t.Errorf("ParseEnum(%s, %q) = %d, %v; want %d", ed.FullName(), s, num, ok, ev.Number())
+						}
+					}
+				}
+			}
+		}
+		messages = func(mds protoreflect.MessageDescriptors) {
+			for i := range mds.Len() {
+				md := mds.Get(i)
+				checkEnums(md.Enums())
+				messages(md.Messages())
+				for j := range md.Fields().Len() {
+					f := md.Fields().Get(j)
+					if f.Kind() != protoreflect.EnumKind || f.IsList() || f.IsMap() {
+						continue
+					}
+					fields++
+					values := f.Enum().Values()
+					for k := range values.Len() {
+						in := dynamicpb.NewMessage(md)
+						in.Set(f, protoreflect.ValueOfEnum(values.Get(k).Number()))
+						b, err := apijson.Marshal(in)
+						if err != nil {
+							t.Fatalf("Marshal %s=%s: %v", f.FullName(), values.Get(k).Name(), err)
+						}
+						out := dynamicpb.NewMessage(md)
+						if err := apijson.Unmarshal(b, out); err != nil || !proto.Equal(in, out) {
+							t.Errorf("%s=%s: wrote %s, read back %v (%v)", f.FullName(), values.Get(k).Name(), b, out, err)
+						}
+						if strings.Contains(string(b), `"`+string(values.Get(k).Name())+`"`) {
+							t.Errorf("%s=%s: wrote the proto name: %s", f.FullName(), values.Get(k).Name(), b)
+						}
+					}
+				}
+			}
+		}
+		checkEnums(fd.Enums())
+		messages(fd.Messages())
+		return true
+	})
+	if enums < 20 || fields < 20 {
+		t.Fatalf("checked %d enums and %d enum fields: the contract's packages are not registered", enums, fields)
+	}
+	if _, err := apijson.OpenAPI(openapi.Document, protoregistry.GlobalFiles, "hangar."); err != nil {
+		t.Errorf("OpenAPI: %v", err)
 	}
 }
