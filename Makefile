@@ -13,5 +13,5 @@ test:
 up:
 	go run ./cli/cmd/hangar up
 
-install: ## build the hangar CLI into $(go env GOPATH)/bin (put it on PATH)
-	go install ./cli/cmd/hangar
+install: ## build the hangar CLI and its sandbox helper into $(go env GOPATH)/bin (put it on PATH)
+	go install ./cli/cmd/hangar ./sandbox-svc/cmd/hangar-sandbox

@@ -6,14 +6,16 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
+
+	"github.com/hangar-dev/hangar/platform/apijson"
 )
 
 // outputFormat is -o on every command that reads: table (for people, the
-// default), json (the same JSON the REST API answers: proto field names,
-// every field) or yaml (that JSON as YAML).
+// default), json (the same JSON the REST API answers, apijson: proto field
+// names, every field, enums as the docs write them, 64-bit integers as
+// numbers) or yaml (that JSON as YAML).
 type outputFormat struct {
 	value string
 }
@@ -51,7 +53,7 @@ func (o *outputFormat) write(w io.Writer, m proto.Message, table func() error) e
 
 // writeMessage prints m as the REST API's JSON (indented), or as YAML.
 func writeMessage(w io.Writer, format string, m proto.Message) error {
-	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true, Indent: "  "}.Marshal(m)
+	b, err := apijson.MarshalIndent(m)
 	if err != nil {
 		return err
 	}

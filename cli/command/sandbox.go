@@ -301,7 +301,7 @@ hangar exits with the shell's exit code.`,
 			if terminalID == "" {
 				if name := sandboxSessionName(cmd.Context(), sb, args[0]); name != "" {
 					if in, err := sessions.StartInteractive(cmd.Context(), &sessionv1.StartInteractiveRequest{Name: name}); err == nil {
-						open.Env = in.GetEnv()
+						open.Env, open.PathPrepend = in.GetEnv(), in.GetPathPrepend()
 						fmt.Fprintf(streams.Err, "session %s: continue the agent's conversation here with: %s\n", name, in.GetCommand())
 						defer func() {
 							_, _ = sessions.EndInteractive(context.WithoutCancel(cmd.Context()), &sessionv1.EndInteractiveRequest{Name: name, Run: in.GetRun()})

@@ -17,11 +17,11 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/cli/client"
+	"github.com/hangar-dev/hangar/platform/apijson"
 )
 
 // sessionCallErr makes a failed call one line: the status message alone
@@ -601,7 +601,7 @@ func sessionEventsCommand(streams Streams, lookupEnv func(string) (string, bool)
 						listed = append(listed, e)
 						return nil
 					case output.value == "json":
-						b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(e)
+						b, err := apijson.Marshal(e)
 						if err != nil {
 							return err
 						}

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -409,6 +410,36 @@ func TestFirstHourResumeInTheSandbox(t *testing.T) {
 	}
 }
 
+// TestFirstHourResumePiInTheSandbox: the spec's "attach, then run the
+// resume_command that get shows" for pi, which turns run by path with a
+// Node >= 22.19 first on PATH: the attached shell finds pi by name and that
+// Node, and get's resume_command, typed as it is, continues the
+// conversation through the gateway.
+func TestFirstHourResumePiInTheSandbox(t *testing.T) {
+	if os.Getenv("HANGAR_PI_NODE_BIN_DIR") == "" {
+		t.Skip("HANGAR_PI_NODE_BIN_DIR is not set (.ci/install-harnesses sets it)")
+	}
+	s := sessionFeatStart(t)
+	s.mustCLI(t, "session", "new", "pi-inter", "hello", "-e", "e2e", "--harness", "pi", "-w")
+	sess := s.get(t, "pi-inter")
+	resume := sess.GetResumeCommand()
+	if !strings.HasPrefix(resume, "pi --session-id ") {
+		t.Fatalf("resume_command = %q, want pi --session-id ...", resume)
+	}
+	script := "command -v pi\nnode --version\n" + resume + " -p 'Please do it again.'; echo \"resume-exit=$?\"\nexit\n"
+	out, errOut, err := s.run(t, script, "sb", "attach", sess.GetSandboxId())
+	if err != nil {
+		t.Fatalf("sb attach: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	// pi by name, pi's Node (the system's is older), and the scripted
+	// model's answer through the gateway.
+	sessionCLIWant(t, "resume_command in an attached shell", out, "/pi\r\n", "v22.", "OK.", "resume-exit=0")
+	if strings.Contains(out, "not found") {
+		t.Errorf("the attached shell misses a program:\n%s", out)
+	}
+	sessionCLIWant(t, "sb attach's hint", errOut, "session pi-inter: continue the agent's conversation here with: ", "--session-id")
+}
+
 // TestFirstHourCompletionAndOutput: completion offers sessions,
 // environments and harnesses; -o json|yaml on the read commands answers the
 // REST API's JSON.
@@ -432,8 +463,43 @@ func TestFirstHourCompletionAndOutput(t *testing.T) {
 			t.Errorf("hangar %s -o yaml printed JSON:\n%s", strings.Join(args, " "), y)
 		}
 	}
-	// The REST API's field names.
-	if out := s.ok(t, "session", "get", "comp-one", "-o", "json"); !strings.Contains(out, `"base_commit":`) || !strings.Contains(out, `"state_reason":`) {
-		t.Errorf("session get -o json lacks the proto field names:\n%s", out)
+	// The REST API's field names, enums as the docs write them, 64-bit
+	// integers as numbers.
+	out := s.ok(t, "session", "get", "comp-one", "-o", "json")
+	sessionCLIWant(t, "session get -o json", out, `"base_commit":`, `"state_reason":`, `"state": "suspended"`, `"harness": "claude"`, `"input_tokens": 0`)
+	if strings.Contains(out, "SESSION_STATE_") || strings.Contains(out, "HARNESS_") || strings.Contains(out, `_tokens": "`) {
+		t.Errorf("session get -o json has proto enum names or 64-bit integers as strings:\n%s", out)
+	}
+	// -o json is the REST answer.
+	req, err := http.NewRequest(http.MethodGet, s.env["HANGAR_URL"]+"/api/sessions/comp-one", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+s.env["HANGAR_TOKEN"])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	var fromCLI, fromREST map[string]any
+	if err := json.Unmarshal([]byte(out), &fromCLI); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(rest, &fromREST); err != nil {
+		t.Fatalf("GET /api/sessions/comp-one = %d %s", resp.StatusCode, rest)
+	}
+	if got := fromREST["session"]; !reflect.DeepEqual(got, fromCLI) {
+		t.Errorf("GET /api/sessions/comp-one's session = %v\nsession get -o json = %v", got, fromCLI)
+	}
+	// Requests take the docs' names too: ?states=suspended.
+	req.URL.Path, req.URL.RawQuery = "/api/sessions", "states=suspended&states=SESSION_STATE_IDLE"
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ = io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(rest), `"name":"comp-one"`) || !strings.Contains(string(rest), `"state":"suspended"`) {
+		t.Errorf("GET /api/sessions?states=suspended = %d %s", resp.StatusCode, rest)
 	}
 }

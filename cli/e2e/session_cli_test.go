@@ -9,10 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/protobuf/encoding/protojson"
-
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
+	"github.com/hangar-dev/hangar/platform/apijson"
 )
 
 // sessionCLIStack is a running hangar; repo is the repository of its
@@ -77,7 +76,7 @@ func (s *sessionCLIStack) getJSON(t *testing.T, name string) *sessionv1.Session 
 	t.Helper()
 	out := s.ok(t, "session", "get", name, "-o", "json")
 	var sess sessionv1.Session
-	if err := protojson.Unmarshal([]byte(out), &sess); err != nil {
+	if err := apijson.Unmarshal([]byte(out), &sess); err != nil {
 		t.Fatalf("session get -o json is not a Session: %v\n%s", err, out)
 	}
 	return &sess

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -237,12 +238,14 @@ func startStoppable(t *testing.T, cfg up.Config) (*up.Stack, context.CancelFunc)
 }
 
 // TestUnknownEnumsAreRefused sends a harness the API does not have, by name
-// over REST and by number over gRPC: InvalidArgument naming the field and
-// the allowed values, and no session is made.
+// and by number over REST and by number over gRPC: InvalidArgument naming
+// the field and the allowed values (REST by the docs' names, gRPC by the
+// proto's), and no session is made.
 func TestUnknownEnumsAreRefused(t *testing.T) {
 	stack := start(t, config(t))
-	const allowed = "want one of HARNESS_CLAUDE, HARNESS_CODEX, HARNESS_PI, HARNESS_ANTIGRAVITY"
-	for _, body := range []string{`{"name":"enum-test","harness":"codex"}`, `{"name":"enum-test","harness":99}`} {
+	const allowed = "want one of claude, codex, pi, antigravity"
+	const allowedGRPC = "want one of HARNESS_CLAUDE, HARNESS_CODEX, HARNESS_PI, HARNESS_ANTIGRAVITY"
+	for _, body := range []string{`{"name":"enum-test","harness":"gpt"}`, `{"name":"enum-test","harness":"HARNESS_GPT"}`, `{"name":"enum-test","harness":99}`} {
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, stack.URL+"/api/sessions", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
@@ -279,8 +282,45 @@ func TestUnknownEnumsAreRefused(t *testing.T) {
 	}
 	err = json.NewDecoder(resp.Body).Decode(&got)
 	_ = resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusBadRequest || !strings.HasPrefix(got.Message, `states: unknown value "sleeping"; want one of SESSION_STATE_`) {
+	if err != nil || resp.StatusCode != http.StatusBadRequest || !strings.HasPrefix(got.Message, `states: unknown value "sleeping"; want one of running, idle, suspending, `) {
 		t.Errorf("GET /api/sessions?states=sleeping = %d %+v (%v), want 400 naming states and its values", resp.StatusCode, got, err)
+	}
+
+	// The OpenAPI document describes the same names, and 64-bit integers
+	// as integers.
+	resp, err = http.Get(stack.URL + "/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Definitions map[string]struct {
+			Enum       []string `json:"enum"`
+			Default    *string  `json:"default"`
+			Properties map[string]struct {
+				Type string `json:"type"`
+			} `json:"properties"`
+		} `json:"definitions"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&doc)
+	_ = resp.Body.Close()
+	if err != nil {
+		t.Fatalf("GET /openapi.json: %v", err)
+	}
+	if got := doc.Definitions["v1Harness"]; strings.Join(got.Enum, ", ") != "claude, codex, pi, antigravity" || got.Default != nil {
+		t.Errorf("/openapi.json's v1Harness = %+v, want the JSON names and no default", got)
+	}
+	if got := doc.Definitions["v1SessionState"].Enum; !slices.Contains(got, "needs_input") || slices.Contains(got, "SESSION_STATE_IDLE") {
+		t.Errorf("/openapi.json's v1SessionState = %q", got)
+	}
+	if got := doc.Definitions["hangarSessionV1Usage"].Properties["input_tokens"].Type; got != "integer" {
+		t.Errorf("/openapi.json's Usage.input_tokens is %q, want integer", got)
+	}
+	for name, def := range doc.Definitions {
+		for _, v := range def.Enum {
+			if strings.ToUpper(v) == v && name != "protobufNullValue" {
+				t.Errorf("/openapi.json's %s lists %s, a proto name", name, v)
+			}
+		}
 	}
 
 	conn, err := rpc.Dial(strings.TrimPrefix(stack.URL, "http://"), rpc.ClientOptions{Token: stack.Token})
@@ -290,7 +330,7 @@ func TestUnknownEnumsAreRefused(t *testing.T) {
 	defer conn.Close()
 	sessions := sessionv1.NewSessionServiceClient(conn)
 	_, err = sessions.CreateSession(t.Context(), &sessionv1.CreateSessionRequest{Name: "enum-test", Harness: sessionv1.Harness(99)})
-	if st := status.Convert(err); st.Code() != codes.InvalidArgument || st.Message() != "harness: unknown value 99; "+allowed {
+	if st := status.Convert(err); st.Code() != codes.InvalidArgument || st.Message() != "harness: unknown value 99; "+allowedGRPC {
 		t.Errorf("CreateSession(harness 99) = %v, want InvalidArgument naming harness", err)
 	}
 	if _, err := sessions.GetSession(t.Context(), &sessionv1.GetSessionRequest{Name: "enum-test"}); status.Code(err) != codes.NotFound {

@@ -54,8 +54,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/hangar-dev/hangar/platform/apijson"
 	"github.com/hangar-dev/hangar/platform/auth"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/platform/rpc"
@@ -89,6 +90,10 @@ type Options struct {
 	// by Serve, once the server's own listener address is known.
 	Gateways []func(ctx context.Context, mux *runtime.ServeMux, conn *grpc.ClientConn) error
 	// OpenAPI is served at GET /openapi.json without a token; nil means 404.
+	// It is protoc-gen-openapiv2's document, which New rewrites to describe
+	// the JSON the gateway speaks (apijson.OpenAPI: enums by their JSON
+	// names, 64-bit integers as integers) for the hangar.* enums registered
+	// in protoregistry.GlobalFiles.
 	OpenAPI []byte
 	// Index is served at GET / (that path only) without a token: the
 	// dashboard's page, which asks for the token itself. Nil means 404.
@@ -147,6 +152,13 @@ func New(opts Options) (*Server, error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.OpenAPI != nil {
+		doc, err := apijson.OpenAPI(opts.OpenAPI, protoregistry.GlobalFiles, "hangar.")
+		if err != nil {
+			return nil, fmt.Errorf("apiserver: Options.OpenAPI: %w", err)
+		}
+		opts.OpenAPI = doc
 	}
 	s := &Server{opts: opts, logger: logger}
 	for prefix, h := range opts.Routes {
@@ -335,18 +347,16 @@ func dialTarget(addr net.Addr) string {
 	return addr.String()
 }
 
-// newGatewayMux returns a grpc-gateway mux that writes JSON with the proto
-// field names and all fields, ignores unknown request fields but not unknown
-// enum names, and answers a body over the cap with 413.
+// newGatewayMux returns a grpc-gateway mux that writes and reads hangar's
+// JSON (apijson: proto field names, all fields, enums by the names the docs
+// use, 64-bit integers as numbers), ignores unknown request fields but not
+// unknown enum names, and answers a body over the cap with 413.
 func newGatewayMux() *runtime.ServeMux {
 	return runtime.NewServeMux(
 		runtime.WithOutgoingHeaderMatcher(noMetadataHeaders),
 		runtime.WithOutgoingTrailerMatcher(noMetadataHeaders),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.HTTPBodyMarshaler{
-			Marshaler: &enumCheckingJSON{JSONPb: runtime.JSONPb{
-				MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true},
-				UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: true},
-			}},
+			Marshaler: &enumCheckingJSON{},
 		}),
 		runtime.WithErrorHandler(gatewayError),
 	)
@@ -368,7 +378,8 @@ func gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 	}
 	if status.Code(err) == codes.InvalidArgument && r.URL.RawQuery != "" {
 		if md := requestDescriptor(ctx); md != nil {
-			if ferr := checkQueryEnums(md, r.URL.Query()); ferr != nil {
+			var ferr *fault.Error
+			if _, qerr := apijson.NormalizeQuery(md, r.URL.Query()); errors.As(qerr, &ferr) {
 				err = fault.Status(ferr).Err()
 			}
 		}

@@ -172,7 +172,9 @@ func TestServer(t *testing.T) {
 	}
 	defer func() { _ = tel.Shutdown(ctx) }()
 
-	openAPI := []byte(`{"swagger":"2.0"}`)
+	// Served as the gateway's JSON has it: 64-bit integers are integers.
+	openAPI := []byte(`{"swagger":"2.0","definitions":{"v1Usage":{"properties":{"input_tokens":{"type":"string","format":"int64"}}}}}`)
+	const openAPIServed = "{\n  \"swagger\": \"2.0\",\n  \"definitions\": {\n    \"v1Usage\": {\n      \"properties\": {\n        \"input_tokens\": {\n          \"type\": \"integer\",\n          \"format\": \"int64\"\n        }\n      }\n    }\n  }\n}\n"
 	r := start(t, apiserver.Options{
 		Name:           "test-svc",
 		Gateways:       []func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{registerHealthGateway},
@@ -224,12 +226,12 @@ func TestServer(t *testing.T) {
 			{"healthz without token", "/healthz", "", 200, "ok\n"},
 			{"healthz with a wrong token", "/healthz", "nope", 200, "ok\n"},
 			{"readyz without token", "/readyz", "", 200, "ok\n"},
-			{"openapi without token", "/openapi.json", "", 200, string(openAPI)},
+			{"openapi without token", "/openapi.json", "", 200, openAPIServed},
 			{"metrics with token", "/metrics", token, 200, "target_info"},
 			{"metrics without token", "/metrics", "", 401, `{"code":"UNAUTHENTICATED","reason":"UNAUTHENTICATED","message":"missing or invalid bearer token"}`},
 			{"metrics wrong token", "/metrics", "nope", 401, `"code":"UNAUTHENTICATED"`},
-			{"rest with token", "/v1/health", token, 200, `{"status":"SERVING"}`},
-			{"rest with token, service field", "/v1/health?service=grpc.health.v1.Health", token, 200, `"status":"SERVING"`},
+			{"rest with token", "/v1/health", token, 200, `{"status":"serving"}`},
+			{"rest with token, service field", "/v1/health?service=grpc.health.v1.Health", token, 200, `"status":"serving"`},
 			{"rest without token", "/v1/health", "", 401, `"message":"missing or invalid bearer token"`},
 			{"rest wrong token", "/v1/health", "nope", 401, `"code":"UNAUTHENTICATED"`},
 			{"rest unknown service", "/v1/health?service=nope", token, 404, `"code":"NOT_FOUND"`},

@@ -46,6 +46,8 @@ message_type {
   field { name: "by_name" number: 3 label: LABEL_REPEATED type: TYPE_MESSAGE type_name: ".hangar.test.v1.Request.ByNameEntry" json_name: "byName" }
   field { name: "inner" number: 4 label: LABEL_OPTIONAL type: TYPE_MESSAGE type_name: ".hangar.test.v1.Inner" json_name: "inner" }
   field { name: "payload" number: 5 label: LABEL_OPTIONAL type: TYPE_BYTES json_name: "payload" }
+  field { name: "count" number: 6 label: LABEL_OPTIONAL type: TYPE_INT64 json_name: "count" }
+  field { name: "size" number: 7 label: LABEL_OPTIONAL type: TYPE_UINT64 json_name: "size" }
   nested_type {
     name: "ByNameEntry" options { map_entry: true }
     field { name: "key" number: 1 label: LABEL_OPTIONAL type: TYPE_STRING json_name: "key" }
@@ -329,7 +331,7 @@ func TestRequestBodyCap(t *testing.T) {
 
 	jsonBody := func(payloadBytes int) []byte {
 		// base64 of n bytes is 4n/3 characters.
-		return []byte(`{"mode":"MODE_A","payload":"` + strings.Repeat("A", payloadBytes/3*4) + `"}`)
+		return []byte(`{"mode":"a","payload":"` + strings.Repeat("A", payloadBytes/3*4) + `"}`)
 	}
 	const tooLarge = `{"code":"RESOURCE_EXHAUSTED","reason":"REQUEST_TOO_LARGE","message":"request body over the 1 MB limit (HANGAR_MAX_REQUEST_MB)"}`
 	tests := []struct {
@@ -338,7 +340,7 @@ func TestRequestBodyCap(t *testing.T) {
 		wantCode int
 		wantBody string
 	}{
-		{"under the cap", bytes.NewReader(jsonBody(600 << 10)), http.StatusOK, `"mode":"MODE_A"`},
+		{"under the cap", bytes.NewReader(jsonBody(600 << 10)), http.StatusOK, `"mode":"a"`},
 		{"over, Content-Length", bytes.NewReader(jsonBody(900 << 10)), http.StatusRequestEntityTooLarge, tooLarge},
 		{"over, chunked", chunked{bytes.NewReader(jsonBody(900 << 10))}, http.StatusRequestEntityTooLarge, tooLarge},
 		{"100 MB, Content-Length", sized{bigJSON(100 << 20), 100 << 20}, http.StatusRequestEntityTooLarge, tooLarge},
@@ -378,32 +380,39 @@ func TestRequestBodyCap(t *testing.T) {
 	}
 }
 
-// TestEnumsOverREST checks that enum fields given a name or a number their
-// enum lacks are InvalidArgument naming the field and the allowed values,
-// with the edge's reason and field violation, while unknown fields are still
-// ignored.
+// TestEnumsOverREST checks that enum fields are read by their JSON names
+// (as the docs write them) and their proto names, and written by their JSON
+// names; that a name or a number their enum lacks is InvalidArgument naming
+// the field and the allowed values, with the edge's reason and field
+// violation; and that unknown fields are still ignored.
 func TestEnumsOverREST(t *testing.T) {
 	md := echoRequest(t)
 	r := echoServer(t, md, 0)
 	base := "http://" + r.addr
 	c := httpClient(t)
-	const allowed = "; want one of MODE_A, MODE_B"
+	const allowed = "; want one of a, b"
 	tests := []struct {
 		name      string
 		body      string
 		wantCode  int
 		wantField string
-		wantMsg   string
+		wantMsg   string // for 200, the answer's enum fields
 	}{
-		{"known name", `{"mode":"MODE_B"}`, 200, "", ""},
-		{"known number", `{"mode":2}`, 200, "", ""},
-		{"unknown fields are ignored", `{"mode":"MODE_A","harness_of_the_future":"x"}`, 200, "", ""},
-		{"null", `{"mode":null,"inner":null}`, 200, "", ""},
+		{"JSON name", `{"mode":"b"}`, 200, "", `{"mode":"b","modes":[],"by_name":{},"inner":null`},
+		{"proto name", `{"mode":"MODE_B"}`, 200, "", `{"mode":"b","modes":[],"by_name":{},"inner":null`},
+		{"known number", `{"mode":2}`, 200, "", `{"mode":"b",`},
+		{"not set is left out", `{}`, 200, "", `{"modes":[],"by_name":{},"inner":null`},
+		{"unspecified by name", `{"mode":"unspecified","modes":["MODE_UNSPECIFIED","unspecified","a"]}`, 200, "", `{"modes":["unspecified","unspecified","a"],`},
+		{"every place, JSON names", `{"mode":"a","modes":["b","MODE_A"],"byName":{"x":"b"},"inner":{"mode":"a"}}`, 200, "",
+			`{"mode":"a","modes":["b","a"],"by_name":{"x":"b"},"inner":{"mode":"a"}`},
+		{"unknown fields are ignored", `{"mode":"a","harness_of_the_future":"x"}`, 200, "", `{"mode":"a",`},
+		{"null", `{"mode":null,"inner":null}`, 200, "", `{"modes":[]`},
 		{"unknown name", `{"mode":"codex"}`, 400, "mode", `mode: unknown value "codex"` + allowed},
 		{"unknown number", `{"mode":99}`, 400, "mode", `mode: unknown value 99` + allowed},
-		{"lower-case name", `{"mode":"mode_a"}`, 400, "mode", `mode: unknown value "mode_a"` + allowed},
-		{"in a list", `{"modes":["MODE_A","MODE_C"]}`, 400, "modes[1]", `modes[1]: unknown value "MODE_C"` + allowed},
-		{"in a map, JSON name", `{"byName":{"x":"MODE_A","y":"nope"}}`, 400, `by_name["y"]`, `by_name["y"]: unknown value "nope"` + allowed},
+		{"lower-case proto name", `{"mode":"mode_a"}`, 400, "mode", `mode: unknown value "mode_a"` + allowed},
+		{"upper-case JSON name", `{"mode":"A"}`, 400, "mode", `mode: unknown value "A"` + allowed},
+		{"in a list", `{"modes":["a","MODE_C"]}`, 400, "modes[1]", `modes[1]: unknown value "MODE_C"` + allowed},
+		{"in a map, JSON name", `{"byName":{"x":"a","y":"nope"}}`, 400, `by_name["y"]`, `by_name["y"]: unknown value "nope"` + allowed},
 		{"nested", `{"inner":{"mode":"MODE_Z"}}`, 400, "inner.mode", `inner.mode: unknown value "MODE_Z"` + allowed},
 		{"nested number", `{"inner":{"mode":7}}`, 400, "inner.mode", `inner.mode: unknown value 7` + allowed},
 	}
@@ -414,6 +423,9 @@ func TestEnumsOverREST(t *testing.T) {
 				t.Fatalf("POST %s = %d %s, want %d", tt.body, code, body, tt.wantCode)
 			}
 			if tt.wantCode == 200 {
+				if !strings.HasPrefix(body, tt.wantMsg) {
+					t.Errorf("POST %s = %s, want it to start %s", tt.body, body, tt.wantMsg)
+				}
 				return
 			}
 			var got struct {
@@ -436,23 +448,27 @@ func TestEnumsOverREST(t *testing.T) {
 	}
 }
 
-// TestEnumsInQuery checks enum fields given as query parameters (GET): an
-// unknown name or number is InvalidArgument naming the field and the allowed
-// values, with the edge's reason and field.
+// TestEnumsInQuery checks enum fields given as query parameters (GET): by
+// JSON or proto name or number; an unknown name or number is
+// InvalidArgument naming the field and the allowed values, with the edge's
+// reason and field.
 func TestEnumsInQuery(t *testing.T) {
 	md := echoRequest(t)
 	r := echoServer(t, md, 0)
 	c := httpClient(t)
-	const allowed = "; want one of MODE_A, MODE_B"
+	const allowed = "; want one of a, b"
 	for _, tt := range []struct {
 		query     string
 		wantCode  int
 		wantBody  string // for 200, a substring
 		wantField string // for 400
 	}{
-		{"mode=MODE_B", 200, `"MODE_B"`, ""},
-		{"mode=2&modes=MODE_A&modes=1", 200, `"MODE_A"`, ""},
-		{"inner.mode=MODE_A", 200, `"MODE_A"`, ""},
+		{"mode=MODE_B", 200, `"mode":"b"`, ""},
+		{"mode=b", 200, `"mode":"b"`, ""},
+		{"mode=2&modes=MODE_A&modes=1&modes=b", 200, `"mode":"b","modes":["a","a","b"]`, ""},
+		{"inner.mode=MODE_A", 200, `"inner":{"mode":"a"}`, ""},
+		{"inner.mode=a", 200, `"inner":{"mode":"a"}`, ""},
+		{"count=9007199254740993&size=18446744073709551615", 200, `"count":9007199254740993,"size":18446744073709551615`, ""},
 		{"mode=codex", 400, `mode: unknown value "codex"` + allowed, "mode"},
 		{"mode=99", 400, `mode: unknown value "99"` + allowed, "mode"},
 		{"modes=MODE_A&modes=MODE_C", 400, `modes: unknown value "MODE_C"` + allowed, "modes"},
@@ -488,4 +504,22 @@ func restError(t *testing.T, body string) (message, reason, field string) {
 		t.Fatalf("error body %q: %v", body, err)
 	}
 	return got.Message, got.Reason, got.Field
+}
+
+// TestIntegersOverREST checks that 64-bit integers are answered as JSON
+// numbers, exactly (past 2^53 too), and read as numbers or strings.
+func TestIntegersOverREST(t *testing.T) {
+	md := echoRequest(t)
+	r := echoServer(t, md, 0)
+	c := httpClient(t)
+	for _, tt := range []struct{ body, want string }{
+		{`{}`, `"count":0,"size":0`},
+		{`{"count":9007199254740993,"size":18446744073709551615}`, `"count":9007199254740993,"size":18446744073709551615`},
+		{`{"count":"-9223372036854775808","size":"42"}`, `"count":-9223372036854775808,"size":42`},
+	} {
+		code, body, _ := post(t, c, "http://"+r.addr+"/v1/echo", token, "application/json", strings.NewReader(tt.body))
+		if code != 200 || !strings.Contains(body, tt.want) {
+			t.Errorf("POST %s = %d %s, want 200 containing %s", tt.body, code, body, tt.want)
+		}
+	}
 }

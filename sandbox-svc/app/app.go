@@ -88,7 +88,11 @@ func findTool(ctx context.Context, cfg Config) (string, error) {
 	}
 	tool, err := toolbuild.Build(ctx, filepath.Join(cfg.Home, "bin"))
 	if err != nil {
-		return "", fmt.Errorf("no hangar-sandbox: set HANGAR_SANDBOX_TOOL to its path, put it beside %s, or run from the source tree with go on PATH (%w)", Name, err)
+		beside := Name
+		if exe, err := os.Executable(); err == nil {
+			beside = exe
+		}
+		return "", fmt.Errorf("no hangar-sandbox: set HANGAR_SANDBOX_TOOL to its path, put it beside %s (go install ./sandbox-svc/cmd/hangar-sandbox in the checkout), or run from the source tree with go on PATH (%w)", beside, err)
 	}
 	return tool, nil
 }

@@ -120,9 +120,12 @@ type Process interface {
 // TerminalRequest starts a process on a pty.
 type TerminalRequest struct {
 	// Argv; the user's shell when empty.
-	Argv       []string
-	Env        map[string]string
-	Rows, Cols uint16
+	Argv []string
+	Env  map[string]string
+	// PathPrepend are directories put in front of the sandbox's PATH, as
+	// ExecRequest's.
+	PathPrepend []string
+	Rows, Cols  uint16
 }
 
 // Terminal is a process on a pty. Reads return its output; writes are its

@@ -234,6 +234,21 @@ func (s *Store) Get(ctx context.Context, name string) (*Environment, error) {
 	return s.get(ctx, name)
 }
 
+// GetWith returns the named environment with repository (when set) in
+// place of its own (WithRepository). The built-in local one needs no
+// repository of its own then: `hangar session new` run in a repository
+// works when hangar up was started outside any.
+func (s *Store) GetWith(ctx context.Context, name, repository string) (*Environment, error) {
+	e, err := s.Get(ctx, name)
+	if err != nil && name == Local && strings.TrimSpace(repository) != "" && fault.ReasonOf(err) == "ENVIRONMENT_NOT_FOUND" {
+		e, err = &Environment{Name: Local, Egress: EgressFull, Driver: "local", BuiltIn: true}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return WithRepository(e, repository)
+}
+
 func (s *Store) get(ctx context.Context, name string) (*Environment, error) {
 	if !dnsLabel.MatchString(name) {
 		return nil, fault.NotFound("ENVIRONMENT_NOT_FOUND", "environment %q not found", name)

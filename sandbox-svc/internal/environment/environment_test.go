@@ -56,6 +56,21 @@ func TestBuiltInLocal(t *testing.T) {
 	if _, err := notRepo.Get(context.Background(), "local"); !fault.Is(err, fault.KindNotFound) {
 		t.Errorf("local outside a repo: %v", err)
 	}
+	// Given a repository (session new run in one), local works outside a
+	// repository too; other environments still must exist.
+	e, err = notRepo.GetWith(context.Background(), "local", repo)
+	if err != nil || e.Repository != repo || e.BuiltIn || e.Egress != "full" || e.Driver != "local" {
+		t.Errorf("GetWith(local, %s) outside a repo = %+v, %v", repo, e, err)
+	}
+	if base, err := environment.ResolveBase(context.Background(), e); err != nil || base != commit {
+		t.Errorf("ResolveBase = %s, %v; want %s", base, err, commit)
+	}
+	if _, err := notRepo.GetWith(context.Background(), "local", ""); !fault.Is(err, fault.KindNotFound) {
+		t.Errorf("GetWith(local, \"\") outside a repo: %v", err)
+	}
+	if _, err := notRepo.GetWith(context.Background(), "other", repo); !fault.Is(err, fault.KindNotFound) {
+		t.Errorf("GetWith(other, %s): %v", repo, err)
+	}
 }
 
 func TestCRUD(t *testing.T) {

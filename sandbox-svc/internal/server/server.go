@@ -501,11 +501,8 @@ func (s *Server) ListEnvironments(ctx context.Context, _ *sandboxv1.ListEnvironm
 
 // GetEnvironment returns one environment.
 func (s *Server) GetEnvironment(ctx context.Context, req *sandboxv1.GetEnvironmentRequest) (*sandboxv1.GetEnvironmentResponse, error) {
-	e, err := s.envs.Get(ctx, req.GetName())
+	e, err := s.envs.GetWith(ctx, req.GetName(), req.GetRepository())
 	if err != nil {
-		return nil, err
-	}
-	if e, err = environment.WithRepository(e, req.GetRepository()); err != nil {
 		return nil, err
 	}
 	resp := &sandboxv1.GetEnvironmentResponse{Environment: envToProto(e)}
@@ -685,11 +682,8 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 	if name == "" {
 		name = environment.Local
 	}
-	env, err := s.envs.Get(ctx, name)
+	env, err := s.envs.GetWith(ctx, name, req.GetRepository())
 	if err != nil {
-		return nil, err
-	}
-	if env, err = environment.WithRepository(env, req.GetRepository()); err != nil {
 		return nil, err
 	}
 	ttl, err := ttlOf(req.GetTtlSeconds())

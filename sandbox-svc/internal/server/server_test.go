@@ -545,7 +545,8 @@ func TestTerminal(t *testing.T) {
 			t.Fatal(err)
 		}
 		st.Send(&sandboxv1.AttachTerminalRequest{Msg: &sandboxv1.AttachTerminalRequest_Open{Open: &sandboxv1.TerminalOpen{
-			SandboxId: id, FencingToken: tok, Command: []string{"sh"}, TerminalId: termID, Size: &sandboxv1.TerminalSize{Rows: 24, Cols: 80}}}})
+			SandboxId: id, FencingToken: tok, Command: []string{"sh"}, TerminalId: termID, Size: &sandboxv1.TerminalSize{Rows: 24, Cols: 80},
+			PathPrepend: []string{"/opt/hangar-test/bin"}}}})
 		first, err := st.Recv()
 		if err != nil {
 			t.Fatal(err)
@@ -574,8 +575,11 @@ func TestTerminal(t *testing.T) {
 	st.Send(&sandboxv1.AttachTerminalRequest{Msg: &sandboxv1.AttachTerminalRequest_Input{Input: []byte("export MARK=kept; echo one-$((1+1))\n")}})
 	st.Send(&sandboxv1.AttachTerminalRequest{Msg: &sandboxv1.AttachTerminalRequest_Resize{Resize: &sandboxv1.TerminalSize{Rows: 33, Cols: 99}}})
 	st.Send(&sandboxv1.AttachTerminalRequest{Msg: &sandboxv1.AttachTerminalRequest_Input{Input: []byte("stty size\n")}})
+	st.Send(&sandboxv1.AttachTerminalRequest{Msg: &sandboxv1.AttachTerminalRequest_Input{Input: []byte("echo \"path=$PATH\"\n")}})
 	// A second client attaching while the first is attached is refused.
 	waitFor(t, "size echoed", func() bool { return terminalSaw(e, id, tok, termID, "33 99") })
+	// path_prepend goes in front of the sandbox's PATH.
+	waitFor(t, "PATH echoed", func() bool { return terminalSaw(e, id, tok, termID, "/opt/hangar-test/bin:") })
 	st.Send(&sandboxv1.AttachTerminalRequest{Msg: &sandboxv1.AttachTerminalRequest_Detach{Detach: true}})
 	// The server ends the stream once it has detached the client.
 	if ex, ok := <-firstDone; ok {

@@ -138,7 +138,7 @@ func (s *Server) AttachTerminal(stream sandboxv1.SandboxService_AttachTerminalSe
 			env[k] = v
 		}
 		term, err := e.sb.Terminal(s.ctx, driver.TerminalRequest{
-			Argv: open.GetCommand(), Env: env,
+			Argv: open.GetCommand(), Env: env, PathPrepend: open.GetPathPrepend(),
 			Rows: uint16(open.GetSize().GetRows()), Cols: uint16(open.GetSize().GetCols()),
 		})
 		if err != nil {

@@ -275,7 +275,7 @@ func (s *Sessions) StartInteractive(ctx context.Context, req *sessionv1.StartInt
 	if err != nil {
 		return nil, err
 	}
-	return &sessionv1.StartInteractiveResponse{SandboxId: in.SandboxID, Command: in.Command, Env: in.Env, Run: in.Run}, nil
+	return &sessionv1.StartInteractiveResponse{SandboxId: in.SandboxID, Command: in.Command, Env: in.Env, Run: in.Run, PathPrepend: in.PathPrepend}, nil
 }
 
 // EndInteractive ends an interactive run.

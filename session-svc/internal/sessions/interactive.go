@@ -3,6 +3,7 @@ package sessions
 import (
 	"context"
 	"fmt"
+	"path"
 	"strings"
 	"time"
 
@@ -17,11 +18,16 @@ import (
 )
 
 // Interactive is what a person needs to continue a session's conversation
-// in its sandbox: the command, its environment and the gateway run behind
-// it.
+// in its sandbox: the command, its environment and PATH, and the gateway
+// run behind it.
 type Interactive struct {
 	SandboxID, Command, Run string
 	Env                     map[string]string
+	// PathPrepend go in front of the terminal's PATH: the agent CLI's
+	// directory when turns run it by path (so resume_command as get shows
+	// it, "pi --session-id ID", runs too), then what the harness puts first
+	// for turns (pi's Node >= 22.19).
+	PathPrepend []string
 }
 
 // interactiveRunTTL is how long an interactive run's token lives: a
@@ -117,12 +123,17 @@ func (m *Manager) StartInteractive(ctx context.Context, name string) (*Interacti
 	// The resume command names the CLI the way turns run it (a path when
 	// HANGAR_CLAUDE_BIN & co. give one), so it runs without it on PATH.
 	command := adapter.ResumeCommand(s.ConversationID)
+	var pathPrepend []string
 	if len(inv.Argv) > 0 {
 		if _, rest, ok := strings.Cut(command, " "); ok {
 			command = harness.ShellQuote(inv.Argv[0]) + " " + rest
 		}
+		if strings.Contains(inv.Argv[0], "/") {
+			pathPrepend = append(pathPrepend, path.Dir(inv.Argv[0]))
+		}
 	}
-	return &Interactive{SandboxID: sb.GetId(), Command: command, Run: runID, Env: env}, nil
+	pathPrepend = append(pathPrepend, inv.PathPrepend...)
+	return &Interactive{SandboxID: sb.GetId(), Command: command, Run: runID, Env: env, PathPrepend: pathPrepend}, nil
 }
 
 // EndInteractive ends an interactive run of the session.

@@ -153,11 +153,16 @@ func (m *Manager) Create(ctx context.Context, n NewSession) (*store.Session, *st
 // repository is dropped.
 func (m *Manager) resolveBase(ctx context.Context, n *NewSession, implicit bool) (string, error) {
 	own, err := m.d.Sandboxes.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: n.Environment})
-	if err != nil {
+	switch {
+	case err == nil:
+		if n.Repo == own.GetEnvironment().GetRepository() {
+			n.Repo = ""
+		}
+	case n.Repo != "" && n.Environment == defaultEnvironment && fault.ReasonOf(err) == "ENVIRONMENT_NOT_FOUND":
+		// hangar up runs outside a git repository: local has none of its
+		// own, the session has one.
+	default:
 		return "", err
-	}
-	if n.Repo == own.GetEnvironment().GetRepository() {
-		n.Repo = ""
 	}
 	resp, err := m.d.Sandboxes.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: n.Environment, Repository: n.Repo, ResolveBase: true})
 	if err != nil {

@@ -1968,7 +1968,10 @@ type TerminalOpen struct {
 	Size    *TerminalSize     `protobuf:"bytes,4,opt,name=size,proto3" json:"size,omitempty"`
 	Env     map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Re-attach to a detached terminal.
-	TerminalId    string `protobuf:"bytes,6,opt,name=terminal_id,json=terminalId,proto3" json:"terminal_id,omitempty"`
+	TerminalId string `protobuf:"bytes,6,opt,name=terminal_id,json=terminalId,proto3" json:"terminal_id,omitempty"`
+	// Directories put in front of the sandbox's PATH (env's PATH when it
+	// sets one), as ExecStart's path_prepend.
+	PathPrepend   []string `protobuf:"bytes,7,rep,name=path_prepend,json=pathPrepend,proto3" json:"path_prepend,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2043,6 +2046,13 @@ func (x *TerminalOpen) GetTerminalId() string {
 		return x.TerminalId
 	}
 	return ""
+}
+
+func (x *TerminalOpen) GetPathPrepend() []string {
+	if x != nil {
+		return x.PathPrepend
+	}
+	return nil
 }
 
 // TerminalSize is a pty's size.
@@ -2507,7 +2517,7 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\x05input\x18\x02 \x01(\fH\x00R\x05input\x129\n" +
 	"\x06resize\x18\x03 \x01(\v2\x1f.hangar.sandbox.v1.TerminalSizeH\x00R\x06resize\x12\x18\n" +
 	"\x06detach\x18\x04 \x01(\bH\x00R\x06detachB\x05\n" +
-	"\x03msg\"\xb6\x02\n" +
+	"\x03msg\"\xd9\x02\n" +
 	"\fTerminalOpen\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
@@ -2516,7 +2526,8 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\v2\x1f.hangar.sandbox.v1.TerminalSizeR\x04size\x12:\n" +
 	"\x03env\x18\x05 \x03(\v2(.hangar.sandbox.v1.TerminalOpen.EnvEntryR\x03env\x12\x1f\n" +
 	"\vterminal_id\x18\x06 \x01(\tR\n" +
-	"terminalId\x1a6\n" +
+	"terminalId\x12!\n" +
+	"\fpath_prepend\x18\a \x03(\tR\vpathPrepend\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +

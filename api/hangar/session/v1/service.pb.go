@@ -3149,7 +3149,11 @@ type StartInteractiveResponse struct {
 	// The environment the command needs: the run's gateway URLs and token.
 	Env map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The gateway run the command talks through; EndInteractive ends it.
-	Run           string `protobuf:"bytes,4,opt,name=run,proto3" json:"run,omitempty"`
+	Run string `protobuf:"bytes,4,opt,name=run,proto3" json:"run,omitempty"`
+	// Directories to put in front of the terminal's PATH so that the
+	// command, and resume_command as get shows it, run there: the agent
+	// CLI's directory and what it needs first (pi's Node).
+	PathPrepend   []string `protobuf:"bytes,5,rep,name=path_prepend,json=pathPrepend,proto3" json:"path_prepend,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3210,6 +3214,13 @@ func (x *StartInteractiveResponse) GetRun() string {
 		return x.Run
 	}
 	return ""
+}
+
+func (x *StartInteractiveResponse) GetPathPrepend() []string {
+	if x != nil {
+		return x.PathPrepend
+	}
+	return nil
 }
 
 type EndInteractiveRequest struct {
@@ -3695,13 +3706,14 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\x04jobs\x18\x01 \x03(\v2\x16.hangar.session.v1.JobR\x04jobs\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"-\n" +
 	"\x17StartInteractiveRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xe5\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x88\x02\n" +
 	"\x18StartInteractiveResponse\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12F\n" +
 	"\x03env\x18\x03 \x03(\v24.hangar.session.v1.StartInteractiveResponse.EnvEntryR\x03env\x12\x10\n" +
-	"\x03run\x18\x04 \x01(\tR\x03run\x1a6\n" +
+	"\x03run\x18\x04 \x01(\tR\x03run\x12!\n" +
+	"\fpath_prepend\x18\x05 \x03(\tR\vpathPrepend\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"=\n" +

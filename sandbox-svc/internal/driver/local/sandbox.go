@@ -462,7 +462,7 @@ func (sb *Sandbox) Terminal(ctx context.Context, req driver.TerminalRequest) (dr
 		return nil, err
 	}
 	argv := req.Argv
-	env := sb.env(req.Env)
+	env := sb.env(req.Env, req.PathPrepend...)
 	hasTerm := false
 	for _, kv := range env {
 		hasTerm = hasTerm || strings.HasPrefix(kv, "TERM=")
