@@ -64,6 +64,11 @@ type Spec struct {
 	// Env is given to every process (setup included).
 	Env    map[string]string
 	Egress Egress
+	// Image is the environment's container image (drivers that run
+	// containers; the driver's default when empty).
+	Image string
+	// Resources the environment asks for (0: the driver's default).
+	CPUMillis, MemoryMB, DiskGB int
 }
 
 // Info describes a created sandbox.
@@ -178,6 +183,20 @@ type Sandbox interface {
 // (whatever they started, detached or not) and stay usable.
 type ProcessKiller interface {
 	KillProcesses(ctx context.Context) error
+}
+
+// Claimer is a Sandbox whose driver shares warm sandboxes between
+// replicas (pods): the server claims one it takes from its pool, and a
+// sandbox another replica claimed first is ErrInUse.
+type Claimer interface {
+	Claim(ctx context.Context) error
+}
+
+// GoneNotifier is a Driver whose sandboxes can be removed by someone else
+// (a pod deleted or evicted): fn hears the id of such a sandbox while it
+// is still whole, so the server can destroy it with its hooks.
+type GoneNotifier interface {
+	NotifyGone(fn func(id string))
 }
 
 // Driver builds sandboxes.
