@@ -312,11 +312,12 @@ func TestBadImageReasonFromEvents(t *testing.T) {
 
 func TestAPIServerUnreachable(t *testing.T) {
 	// Needs no cluster: a closed port.
-	l, err := (&netListen{}).free()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	host := "https://127.0.0.1:" + l
+	host := "https://" + l.Addr().String()
+	l.Close()
 	_, err = New(context.Background(), Options{Config: &rest.Config{Host: host, Timeout: 5 * time.Second, TLSClientConfig: rest.TLSClientConfig{Insecure: true}},
 		Namespace: "hangar", ToolImage: "hangar:test"})
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), host) {
@@ -474,23 +475,4 @@ func TestPodDeletedBySomeoneElseRunsHooks(t *testing.T) {
 		t.Errorf("reported again: %s", id)
 	default:
 	}
-}
-
-type netListen struct{}
-
-func (netListen) free() (string, error) {
-	l, err := netListenTCP()
-	if err != nil {
-		return "", err
-	}
-	_, port, _ := strings.Cut(l.Addr().String(), ":")
-	l.Close()
-	return port, nil
-}
-
-func netListenTCP() (interface {
-	Addr() net.Addr
-	Close() error
-}, error) {
-	return net.Listen("tcp", "127.0.0.1:0")
 }
