@@ -35,7 +35,6 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-
 )
 
 // Labels and annotations on the objects this driver makes.

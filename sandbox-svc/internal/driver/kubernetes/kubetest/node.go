@@ -163,4 +163,3 @@ func waitSocket(ctx context.Context, sock string) error {
 		}
 	}
 }
-
