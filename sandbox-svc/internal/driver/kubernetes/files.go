@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -235,5 +236,6 @@ func (sb *Sandbox) List(ctx context.Context, dir string) ([]driver.FileInfo, err
 		}
 		list = append(list, fi)
 	}
+	sort.Slice(list, func(i, j int) bool { return list[i].Path < list[j].Path })
 	return list, nil
 }

@@ -285,11 +285,16 @@ func (p *process) kill() {
 func (p *process) Wait() (driver.ExitStatus, error) {
 	<-p.done
 	code, err := exitCode(p.err)
-	if err != nil {
-		return driver.ExitStatus{}, err
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err != nil {
+		// A stream cut by a kill this driver sent (cancel, Destroy): the
+		// process is gone with its pod or group.
+		if name, killed := p.sent[128+int(syscall.SIGKILL)]; killed {
+			return driver.ExitStatus{Code: -1, Signal: name}, nil
+		}
+		return driver.ExitStatus{}, err
+	}
 	if name, ok := p.sent[code]; ok {
 		return driver.ExitStatus{Code: -1, Signal: name}, nil
 	}
