@@ -48,9 +48,7 @@ spec:
     matchExpressions:
     - key: '.metadata.deletionTimestamp'
       operator: 'DoesNotExist'
-    - key: '.status.podIP'
-      operator: 'DoesNotExist'
-    - key: '.spec.containers.[0].image'
+    - key: '.spec.containers[0].image'
       operator: 'In'
       values: ['` + unpullable + `']
   weight: 10
@@ -61,7 +59,6 @@ spec:
       message: 'Failed to pull image "` + unpullable + `": dial tcp: lookup registry.invalid: no such host'
     statusTemplate: |
       phase: Pending
-      podIP: 10.0.0.99
       containerStatuses:
       - name: sandbox
         image: ` + unpullable + `
@@ -98,7 +95,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func needCluster(t *testing.T) *kubetest.Cluster {
+func needCluster(t testing.TB) *kubetest.Cluster {
 	t.Helper()
 	if clusterSkip != "" {
 		t.Skip(clusterSkip)
@@ -115,7 +112,7 @@ func newNamespace(t *testing.T, c *kubetest.Cluster) string {
 	return c.Namespace(t, fmt.Sprintf("t%d-%s", nsSeq.Add(1), strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")))[:min(40, len(t.Name())+4)])
 }
 
-func newDriver(t *testing.T, c *kubetest.Cluster, ns string, mod func(*Options)) *Driver {
+func newDriver(t testing.TB, c *kubetest.Cluster, ns string, mod func(*Options)) *Driver {
 	t.Helper()
 	opts := Options{Config: c.Config, Namespace: ns, Image: "debian:bookworm", ToolImage: "hangar:test",
 		NodeName: kwokNode, Gateway: "10.0.0.7:7404", ReadyTimeout: time.Minute, DeleteGrace: 30 * time.Second}

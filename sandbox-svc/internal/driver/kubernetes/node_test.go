@@ -21,7 +21,7 @@ var (
 
 // needNode starts (once) a real node: kubelet, containerd, runc and the
 // bridge CNI plugin, with the sandbox image imported.
-func needNode(t *testing.T) *kubetest.Cluster {
+func needNode(t testing.TB) *kubetest.Cluster {
 	t.Helper()
 	c := needCluster(t)
 	if skip := kubetest.NodeSkip(assetsDir); skip != "" {
@@ -41,13 +41,16 @@ func tail(s string, n int) string {
 	return s
 }
 
-func realNodeDriver(t *testing.T, c *kubetest.Cluster, ns string) *Driver {
+// realNodeOpts places pods on the real node with the imported image.
+func realNodeOpts(o *Options) {
 	image := os.Getenv(kubetest.ImageEnv)
-	return newDriver(t, c, ns, func(o *Options) {
-		o.NodeName, o.Image, o.ToolImage, o.ReadyTimeout = realNode, image, image, 3*time.Minute
-		o.Gateway = "10.244.0.1:7404"
-		o.DeleteGrace = 5 * time.Second
-	})
+	o.NodeName, o.Image, o.ToolImage, o.ReadyTimeout = realNode, image, image, 3*time.Minute
+	o.Gateway = "10.244.0.1:7404"
+	o.DeleteGrace = 5 * time.Second
+}
+
+func realNodeDriver(t testing.TB, c *kubetest.Cluster, ns string) *Driver {
+	return newDriver(t, c, ns, realNodeOpts)
 }
 
 // TestConformanceOnRealNode runs the driver suite on pods of a real
