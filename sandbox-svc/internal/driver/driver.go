@@ -32,6 +32,13 @@ var (
 	ErrEgressUnsupported = errors.New("egress none unsupported")
 	// ErrBusy: the sandbox runs a command (it can't be copied now).
 	ErrBusy = errors.New("sandbox busy")
+	// ErrBackendUnavailable: the driver's backend (a cluster's API
+	// server) cannot be reached; the error names it.
+	ErrBackendUnavailable = errors.New("sandbox backend unavailable")
+	// ErrStartFailed: the sandbox's container never became ready (its
+	// image cannot be pulled, it crashed, it was never scheduled); the
+	// error carries the reason, meant for the user.
+	ErrStartFailed = errors.New("sandbox did not start")
 	// ErrIsolationUnavailable: the driver cannot isolate sandboxes here
 	// and the operator has not opted out of isolation.
 	ErrIsolationUnavailable = errors.New("sandbox isolation unavailable")

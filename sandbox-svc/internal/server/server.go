@@ -637,6 +637,15 @@ func createErr(env string, err error) error {
 			"sandboxes cannot be isolated on this machine (bubblewrap missing or user namespaces disabled); install bubblewrap, or set HANGAR_SANDBOX_ISOLATION=none to run them unisolated", err)
 	case errors.Is(err, driver.ErrEgressUnsupported):
 		return fault.Wrap(fault.KindFailedPrecondition, "EGRESS_UNSUPPORTED", "egress none cannot be enforced on this machine (a network namespace needs root)", err)
+	case errors.Is(err, driver.ErrBackendUnavailable):
+		// The message names the backend (the API server's URL) and says
+		// nothing of this service's internals.
+		return fault.Wrap(fault.KindUnavailable, "SANDBOX_BACKEND_UNAVAILABLE", err.Error(), err)
+	case errors.Is(err, driver.ErrStartFailed):
+		// The reason (image pull, crash, never ready: the pod's status and
+		// events) is the user's to act on.
+		return fault.Wrap(fault.KindFailedPrecondition, "SANDBOX_START_FAILED",
+			fmt.Sprintf("the sandbox for environment %q did not start: %v", env, err), err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
 	case strings.Contains(err.Error(), "No space left on device"):

@@ -35,6 +35,8 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 )
 
 // Labels and annotations on the objects this driver makes.
@@ -122,8 +124,9 @@ func ConfigFrom(path string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// ErrUnavailable: the API server cannot be reached.
-var ErrUnavailable = errors.New("kubernetes API server unavailable")
+// ErrUnavailable: the API server cannot be reached (a
+// driver.ErrBackendUnavailable).
+var ErrUnavailable = fmt.Errorf("%w: kubernetes API server", driver.ErrBackendUnavailable)
 
 // Driver runs sandboxes as pods.
 type Driver struct {

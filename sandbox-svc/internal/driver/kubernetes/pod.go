@@ -27,7 +27,7 @@ import (
 // ErrPodFailed: the sandbox's pod did not become ready (its image cannot
 // be pulled, it crashed, it was never scheduled); the error carries the
 // reason from the pod's status and events.
-var ErrPodFailed = errors.New("sandbox pod did not start")
+var ErrPodFailed = fmt.Errorf("%w: pod", driver.ErrStartFailed)
 
 var notLabel = regexp.MustCompile(`[^a-z0-9-]+`)
 
