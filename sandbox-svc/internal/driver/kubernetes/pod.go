@@ -359,9 +359,22 @@ func (d *Driver) startFailure(pod *corev1.Pod, status string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	reason := status
-	evs, err := d.client.CoreV1().Events(d.opts.Namespace).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.AndSelectors(fields.OneTermEqualSelector("involvedObject.name", pod.Name),
-			fields.OneTermEqualSelector("involvedObject.kind", "Pod")).String()})
+	// The kubelet records its events apart from the status: give them a
+	// moment to arrive.
+	var evs *corev1.EventList
+	var err error
+	for try := 0; try < 5; try++ {
+		evs, err = d.client.CoreV1().Events(d.opts.Namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.AndSelectors(fields.OneTermEqualSelector("involvedObject.name", pod.Name),
+				fields.OneTermEqualSelector("involvedObject.kind", "Pod")).String()})
+		if err != nil || hasWarning(evs.Items) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 	if err == nil {
 		items := evs.Items
 		sort.SliceStable(items, func(i, j int) bool { return eventTime(items[i]).Before(eventTime(items[j])) })
@@ -385,6 +398,15 @@ func (d *Driver) startFailure(pod *corev1.Pod, status string) error {
 		reason += " (not scheduled to a node)"
 	}
 	return fmt.Errorf("%w: pod %s/%s (image %s): %s", ErrPodFailed, d.opts.Namespace, pod.Name, podImage(pod), reason)
+}
+
+func hasWarning(evs []corev1.Event) bool {
+	for _, e := range evs {
+		if e.Type == corev1.EventTypeWarning {
+			return true
+		}
+	}
+	return false
 }
 
 func eventTime(e corev1.Event) time.Time {
