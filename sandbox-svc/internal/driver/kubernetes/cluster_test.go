@@ -109,7 +109,8 @@ func needCluster(t testing.TB) *kubetest.Cluster {
 var nsSeq atomic.Int64
 
 func newNamespace(t *testing.T, c *kubetest.Cluster) string {
-	return c.Namespace(t, fmt.Sprintf("t%d-%s", nsSeq.Add(1), strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")))[:min(40, len(t.Name())+4)])
+	name := fmt.Sprintf("t%d-%s", nsSeq.Add(1), strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")))
+	return c.Namespace(t, strings.TrimRight(name[:min(40, len(name))], "-"))
 }
 
 func newDriver(t testing.TB, c *kubetest.Cluster, ns string, mod func(*Options)) *Driver {
