@@ -24,6 +24,7 @@ import (
 	"github.com/hangar-dev/hangar/platform/redisconn"
 	"github.com/hangar-dev/hangar/platform/service"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/kubernetes"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/server"
 )
@@ -65,8 +66,17 @@ func newDriver(ctx context.Context, cfg Config, logger *slog.Logger) (driver.Dri
 				cfg.ReadOnlyPaths...),
 			SearchPath: local.FoundDirs(os.Getenv("PATH"), cfg.ClaudeBin, cfg.CodexBin, cfg.PiBin),
 		})
+	case "kubernetes":
+		rc, err := kubernetes.ConfigFrom(cfg.KubeConfig)
+		if err != nil {
+			return nil, err
+		}
+		return kubernetes.New(ctx, kubernetes.Options{
+			Config: rc, Namespace: cfg.KubeNamespace, Image: cfg.KubeImage, ToolImage: cfg.KubeToolImage,
+			ToolPath: cfg.KubeToolPath, NodeName: cfg.KubeNode, Gateway: cfg.GatewayAddr, Logger: logger, Now: time.Now,
+		})
 	default:
-		return nil, fmt.Errorf("HANGAR_SANDBOX_DRIVER=%q: no such sandbox driver (local is the one built in)", cfg.Driver)
+		return nil, fmt.Errorf("HANGAR_SANDBOX_DRIVER=%q: no such sandbox driver (local or kubernetes)", cfg.Driver)
 	}
 }
 

@@ -14,9 +14,16 @@ type Config struct {
 
 	// Addr is where the service listens for gRPC and REST.
 	Addr string `env:"HANGAR_SANDBOX_ADDR" flag:"addr" default:"127.0.0.1:7402" help:"host:port for gRPC and REST"`
-	// Driver runs sandboxes: local (directories and processes). The
-	// kubernetes driver comes with its own issue.
-	Driver string `env:"HANGAR_SANDBOX_DRIVER" flag:"driver" default:"local" oneof:"local" help:"sandbox driver"`
+	// Driver runs sandboxes: local (directories and processes) or
+	// kubernetes (pods; the Kube* settings below).
+	Driver string `env:"HANGAR_SANDBOX_DRIVER" flag:"driver" default:"local" oneof:"local|kubernetes" help:"sandbox driver: local or kubernetes"`
+	// The kubernetes driver's settings.
+	KubeConfig    string `env:"HANGAR_KUBE_CONFIG" flag:"kube-config" path:"true" help:"kubeconfig of the cluster sandboxes run in (empty: the in-cluster service account)"`
+	KubeNamespace string `env:"HANGAR_KUBE_NAMESPACE" flag:"kube-namespace" default:"hangar" help:"namespace of the sandbox pods"`
+	KubeImage     string `env:"HANGAR_KUBE_IMAGE" flag:"kube-image" help:"sandbox image for environments that name none"`
+	KubeToolImage string `env:"HANGAR_KUBE_TOOL_IMAGE" flag:"kube-tool-image" help:"hangar's image: an init container copies hangar-sandbox from it into every pod"`
+	KubeToolPath  string `env:"HANGAR_KUBE_TOOL_PATH" flag:"kube-tool-path" default:"/usr/local/bin/hangar-sandbox" help:"path of hangar-sandbox in the tool image"`
+	KubeNode      string `env:"HANGAR_KUBE_NODE" flag:"kube-node" help:"node to place pods on directly (a cluster without a scheduler); empty: the scheduler picks"`
 	// GatewayAddr is the model gateway's address, the one path out of a
 	// sandbox with egress none.
 	GatewayAddr string `env:"HANGAR_GATEWAY_ADDR" flag:"gateway-addr" default:"127.0.0.1:7404" help:"gateway-svc address reachable from sandboxes"`
@@ -65,6 +72,9 @@ func LoadConfig(fs *flag.FlagSet, args []string, lookupEnv func(string) (string,
 func (c Config) Validate() error {
 	if c.Token == "" {
 		return fmt.Errorf("HANGAR_TOKEN is required: set it to the API bearer token")
+	}
+	if c.Driver == "kubernetes" && c.KubeToolImage == "" {
+		return fmt.Errorf("HANGAR_KUBE_TOOL_IMAGE is required with HANGAR_SANDBOX_DRIVER=kubernetes: set it to hangar's image (the source of hangar-sandbox)")
 	}
 	return nil
 }

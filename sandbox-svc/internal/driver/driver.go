@@ -32,6 +32,13 @@ var (
 	ErrEgressUnsupported = errors.New("egress none unsupported")
 	// ErrBusy: the sandbox runs a command (it can't be copied now).
 	ErrBusy = errors.New("sandbox busy")
+	// ErrBackendUnavailable: the driver's backend (a cluster's API
+	// server) cannot be reached; the error names it.
+	ErrBackendUnavailable = errors.New("sandbox backend unavailable")
+	// ErrStartFailed: the sandbox's container never became ready (its
+	// image cannot be pulled, it crashed, it was never scheduled); the
+	// error carries the reason, meant for the user.
+	ErrStartFailed = errors.New("sandbox did not start")
 	// ErrIsolationUnavailable: the driver cannot isolate sandboxes here
 	// and the operator has not opted out of isolation.
 	ErrIsolationUnavailable = errors.New("sandbox isolation unavailable")
@@ -64,6 +71,11 @@ type Spec struct {
 	// Env is given to every process (setup included).
 	Env    map[string]string
 	Egress Egress
+	// Image is the environment's container image (drivers that run
+	// containers; the driver's default when empty).
+	Image string
+	// Resources the environment asks for (0: the driver's default).
+	CPUMillis, MemoryMB, DiskGB int
 }
 
 // Info describes a created sandbox.
@@ -181,6 +193,20 @@ type Sandbox interface {
 // (whatever they started, detached or not) and stay usable.
 type ProcessKiller interface {
 	KillProcesses(ctx context.Context) error
+}
+
+// Claimer is a Sandbox whose driver shares warm sandboxes between
+// replicas (pods): the server claims one it takes from its pool, and a
+// sandbox another replica claimed first is ErrInUse.
+type Claimer interface {
+	Claim(ctx context.Context) error
+}
+
+// GoneNotifier is a Driver whose sandboxes can be removed by someone else
+// (a pod deleted or evicted): fn hears the id of such a sandbox while it
+// is still whole, so the server can destroy it with its hooks.
+type GoneNotifier interface {
+	NotifyGone(fn func(id string))
 }
 
 // Driver builds sandboxes.

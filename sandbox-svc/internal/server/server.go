@@ -162,6 +162,9 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	// Before any pool creates: what is on disk now is an earlier process's.
 	s.reapLeftovers(ctx)
+	if n, ok := deps.Driver.(driver.GoneNotifier); ok {
+		n.NotifyGone(s.sandboxGone)
+	}
 	list, err := envs.List(ctx)
 	if err != nil {
 		s.log.Warn("environments not loaded", slog.Any("error", err))
@@ -218,6 +221,19 @@ func (s *Server) Close(ctx context.Context) error {
 	return nil
 }
 
+// sandboxGone destroys a sandbox someone else is removing (a pod deleted
+// or evicted), running its destroy hooks while the driver keeps it whole.
+func (s *Server) sandboxGone(id string) {
+	s.mu.Lock()
+	e, ok := s.sandboxes[id]
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	s.log.Warn("sandbox removed outside hangar", slog.String("sandbox", id))
+	s.destroyAsync(e, destroyhook.ReasonFailed)
+}
+
 func newID() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -227,7 +243,8 @@ func newID() string {
 func leaseResource(id string) string { return "sandbox:" + id }
 
 func specFor(e *environment.Environment, id string) driver.Spec {
-	spec := driver.Spec{ID: id, Environment: e.Name, Repository: e.Repository, BaseRef: e.BaseRef, Setup: e.Setup, Env: e.Env}
+	spec := driver.Spec{ID: id, Environment: e.Name, Repository: e.Repository, BaseRef: e.BaseRef, Setup: e.Setup, Env: e.Env,
+		Image: e.Image, CPUMillis: e.Resources.CPUMillis, MemoryMB: e.Resources.MemoryMB, DiskGB: e.Resources.DiskGB}
 	if e.Egress == environment.EgressNone {
 		spec.Egress = driver.EgressNone
 	}
@@ -633,6 +650,15 @@ func createErr(env string, err error) error {
 			"sandboxes cannot be isolated on this machine (bubblewrap missing or user namespaces disabled); install bubblewrap, or set HANGAR_SANDBOX_ISOLATION=none to run them unisolated", err)
 	case errors.Is(err, driver.ErrEgressUnsupported):
 		return fault.Wrap(fault.KindFailedPrecondition, "EGRESS_UNSUPPORTED", "egress none cannot be enforced on this machine (a network namespace needs root)", err)
+	case errors.Is(err, driver.ErrBackendUnavailable):
+		// The message names the backend (the API server's URL) and says
+		// nothing of this service's internals.
+		return fault.Wrap(fault.KindUnavailable, "SANDBOX_BACKEND_UNAVAILABLE", err.Error(), err)
+	case errors.Is(err, driver.ErrStartFailed):
+		// The reason (image pull, crash, never ready: the pod's status and
+		// events) is the user's to act on.
+		return fault.Wrap(fault.KindFailedPrecondition, "SANDBOX_START_FAILED",
+			fmt.Sprintf("the sandbox for environment %q did not start: %v", env, err), err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
 	case strings.Contains(err.Error(), "No space left on device"):
@@ -737,7 +763,15 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 	}
 	if sb == nil && pe != nil && !req.GetCold() && egress == pe.spec.Egress && poolKey(pe.spec) == poolKey(*env) {
 		if got, ok := pe.pool.Take(); ok {
-			if k := req.GetWorkKey(); k != "" {
+			// A driver that shares warm sandboxes between replicas: claim
+			// it (another replica may have first).
+			if c, isClaimer := got.(driver.Claimer); isClaimer && req.GetWorkKey() == "" {
+				if err := c.Claim(ctx); err != nil {
+					s.destroyAsync(&entry{id: got.Info().ID, env: env.Name, sb: got, fromPool: true}, destroyhook.ReasonFailed)
+					got = nil
+				}
+			}
+			if k := req.GetWorkKey(); got != nil && k != "" {
 				if err := got.Relocate(ctx, k); err != nil {
 					s.destroyAsync(&entry{id: got.Info().ID, env: env.Name, sb: got, fromPool: true}, destroyhook.ReasonFailed)
 					if errors.Is(err, driver.ErrInUse) {

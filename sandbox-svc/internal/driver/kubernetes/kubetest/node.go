@@ -1,0 +1,165 @@
+package kubetest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Environment variables .ci/build-kube-image prints: the sandbox image as
+// a docker archive, and its name.
+const (
+	ImageArchiveEnv = "HANGAR_KUBE_IMAGE_ARCHIVE"
+	ImageEnv        = "HANGAR_KUBE_IMAGE"
+)
+
+// NodeSkip says why a real node (kubelet, containerd, runc, CNI) cannot
+// start here, or "" when it can be tried.
+func NodeSkip(assets string) string {
+	if os.Geteuid() != 0 {
+		return "a real node needs root (kubelet, containerd)"
+	}
+	for _, b := range []string{"containerd", "ctr", "runc"} {
+		if _, err := exec.LookPath(b); err != nil {
+			return b + " not found: apt-get install containerd runc containernetworking-plugins"
+		}
+	}
+	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
+		return "CNI plugins not found in /usr/lib/cni: apt-get install containernetworking-plugins"
+	}
+	if _, err := os.Stat(filepath.Join(assets, "kubelet")); err != nil {
+		return "no kubelet in " + assets + ": run .ci/build-kube (without --no-kubelet)"
+	}
+	if a := os.Getenv(ImageArchiveEnv); a == "" || os.Getenv(ImageEnv) == "" {
+		return ImageArchiveEnv + "/" + ImageEnv + " unset: run .ci/build-kube-image and export what it prints"
+	}
+	return ""
+}
+
+// StartNode runs containerd (with runc and the bridge CNI plugin) and a
+// kubelet registering the node name, imports the sandbox image and waits
+// for the node to be Ready.
+func (c *Cluster) StartNode(ctx context.Context, assets, name string) error {
+	dir := filepath.Join(c.dir, "node-"+name)
+	image := os.Getenv(ImageEnv)
+	sock := filepath.Join(dir, "containerd.sock")
+	for _, d := range []string{"root", "state", "cni", "kubelet"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	containerd := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+[grpc]
+  address = %q
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = %q
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock, image, filepath.Join(dir, "cni"))
+	if err := os.WriteFile(filepath.Join(dir, "containerd.toml"), []byte(containerd), 0o644); err != nil {
+		return err
+	}
+	cni := `{"cniVersion": "1.0.0", "name": "hangar-test", "plugins": [
+  {"type": "bridge", "bridge": "hangar-cni0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "loopback"}]}`
+	if err := os.WriteFile(filepath.Join(dir, "cni", "10-hangar.conflist"), []byte(cni), 0o644); err != nil {
+		return err
+	}
+	if err := c.run("containerd", "containerd-"+name, "--config", filepath.Join(dir, "containerd.toml")); err != nil {
+		return err
+	}
+	if err := waitSocket(ctx, sock); err != nil {
+		return fmt.Errorf("containerd: %w (log %s)", err, filepath.Join(c.dir, "containerd-"+name+".log"))
+	}
+	imp := exec.CommandContext(ctx, "ctr", "--address", sock, "-n", "k8s.io", "images", "import", os.Getenv(ImageArchiveEnv))
+	if out, err := imp.CombinedOutput(); err != nil {
+		return fmt.Errorf("ctr images import: %w: %s", err, out)
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	kubelet := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: %d
+readOnlyPort: 0
+healthzPort: 0
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+localStorageCapacityIsolation: false
+containerRuntimeEndpoint: unix://%s
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
+serializeImagePulls: false
+registerNode: true
+resolvConf: ""
+`, port, sock)
+	if err := os.WriteFile(filepath.Join(dir, "kubelet.yaml"), []byte(kubelet), 0o644); err != nil {
+		return err
+	}
+	if err := c.run(filepath.Join(assets, "kubelet"), "kubelet-"+name, "--kubeconfig", c.Kubeconfig, "--config", filepath.Join(dir, "kubelet.yaml"),
+		"--root-dir", filepath.Join(dir, "kubelet"), "--hostname-override", name, "--node-ip", "127.0.0.1", "--v", "1"); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	for {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kubelet node %s not ready (log %s)", name, filepath.Join(c.dir, "kubelet-"+name+".log"))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Log returns a started process's log (for test failures).
+func (c *Cluster) Log(name string) string {
+	b, _ := os.ReadFile(filepath.Join(c.dir, name+".log"))
+	return string(b)
+}
+
+func waitSocket(ctx context.Context, sock string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		if conn, err := net.Dial("unix", sock); err == nil {
+			conn.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s did not open", sock)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

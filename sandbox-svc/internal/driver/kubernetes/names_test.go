@@ -1,0 +1,69 @@
+package kubernetes
+
+import (
+	"io/fs"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+func TestPodNameIsADNSLabel(t *testing.T) {
+	seen := map[string]string{}
+	for _, id := range []string{"sb-1a2b3c", "SB-Upper", "with.dots_and_underscores", strings.Repeat("x", 128), "-lead", "sb-1a2b3C"} {
+		n := podName(id)
+		if len(n) > 63 || !dnsLabel.MatchString(n) {
+			t.Errorf("podName(%q) = %q, not a DNS label", id, n)
+		}
+		if other, dup := seen[n]; dup {
+			t.Errorf("podName(%q) = podName(%q) = %q", id, other, n)
+		}
+		seen[n] = id
+	}
+	if podName("sb-1a2b3c") != "hangar-sb-1a2b3c" {
+		t.Errorf("a valid id changes: %q", podName("sb-1a2b3c"))
+	}
+}
+
+func TestLabelValue(t *testing.T) {
+	valid := regexp.MustCompile(`^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$`)
+	for _, s := range []string{"web", "web app", strings.Repeat("e", 80), "ünïcode", "a/b"} {
+		v := labelValue(s)
+		if len(v) > 63 || !valid.MatchString(v) {
+			t.Errorf("labelValue(%q) = %q", s, v)
+		}
+	}
+	if labelValue("web") != "web" || labelValue("web app") == labelValue("web-app") {
+		t.Error("labelValue must keep valid values and tell changed ones apart")
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	fi, err := parseStat("81a4 7 1700000000\t\n", "dir/new.txt")
+	if err != nil || fi.Mode != 0o644 || fi.Size != 7 || fi.ModTime.Unix() != 1700000000 || fi.Path != "dir/new.txt" {
+		t.Errorf("regular file: %+v %v", fi, err)
+	}
+	fi, err = parseStat("a1ff 4 1700000000\t/etc\n", "etc-link")
+	if err != nil || fi.Mode&fs.ModeSymlink == 0 || fi.LinkTarget != "/etc" {
+		t.Errorf("symlink: %+v %v", fi, err)
+	}
+	fi, _ = parseStat("41ed 4096 1\t", "d")
+	if !fi.Mode.IsDir() || fi.Mode.Perm() != 0o755 {
+		t.Errorf("dir: %v", fi.Mode)
+	}
+	if _, err := parseStat("garbage", "x"); err == nil {
+		t.Error("garbage parsed")
+	}
+}
+
+func TestGatewayHostPort(t *testing.T) {
+	if ip, port, ok := gatewayHostPort("10.0.0.7:7404"); !ok || ip.String() != "10.0.0.7" || port != 7404 {
+		t.Errorf("ip:port = %v %d %v", ip, port, ok)
+	}
+	for _, bad := range []string{"gateway:7404", "10.0.0.7", "10.0.0.7:0", ""} {
+		if _, _, ok := gatewayHostPort(bad); ok {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
