@@ -30,6 +30,10 @@ type Sandbox struct {
 	relay      *relay
 	baseCommit string
 	createdAt  time.Time
+	// revived: a leftover of an earlier process made live again
+	// (leftover.go); its teardown also removes what a leftover's removal
+	// does (its upper directory, unused layers).
+	revived bool
 
 	// holdMu guards hold: the process holding the sandbox's namespaces
 	// (isolation.go); nil until its first process, or without isolation.
@@ -592,8 +596,8 @@ func (sb *Sandbox) Relocate(ctx context.Context, workKey string) error {
 	// A mounted sandbox's upper directory is named by its key.
 	sb.layerMu.Lock()
 	defer sb.layerMu.Unlock()
-	if sb.layer != nil {
-		return errors.New("relocate: the sandbox is mounted over a layer")
+	if sb.layer != nil || sb.revived {
+		return errors.New("relocate: the sandbox is mounted over a layer or revived")
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -691,6 +695,11 @@ func (sb *Sandbox) teardown() error {
 	}
 	if l != nil {
 		err = errors.Join(err, removeAll(sb.d.upperOf(key)), sb.d.releaseLayer(l))
+	}
+	if sb.revived && dir != "" {
+		// A leftover's mount (removeAll unmounted it) held a layer
+		// this driver does not count.
+		err = errors.Join(err, removeAll(sb.d.upperOf(key)), sb.d.sweepLayers())
 	}
 	if key != "" {
 		sb.d.releaseKey(key, sb)
