@@ -93,6 +93,9 @@ type Manager struct {
 	// closed when its recovery ends.
 	recovering map[string]chan struct{}
 
+	// backlog keeps the events of a database outage (eventbacklog.go).
+	backlog eventBacklog
+
 	// holdGraceUntil: no idle suspends before it (the hold table was
 	// lost; holders are taking their holds again).
 	holdGraceUntil time.Time
