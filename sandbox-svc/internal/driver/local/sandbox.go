@@ -366,8 +366,13 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, gua
 	go func() {
 		select {
 		case <-ctx.Done():
-			for _, g := range groups {
-				_ = syscall.Kill(-g, syscall.SIGKILL)
+			select {
+			case <-p.waited:
+				// Reaped: its groups' ids may be reused already.
+			default:
+				for _, g := range groups {
+					_ = syscall.Kill(-g, syscall.SIGKILL)
+				}
 			}
 		case <-p.waited:
 		}
@@ -583,8 +588,13 @@ func (t *terminal) Wait() (driver.ExitStatus, error) {
 }
 
 func (t *terminal) Kill() error {
-	for _, g := range t.groups {
-		_ = syscall.Kill(-g, syscall.SIGKILL)
+	select {
+	case <-t.waited:
+		// Reaped: its groups' ids may be another process's by now.
+	default:
+		for _, g := range t.groups {
+			_ = syscall.Kill(-g, syscall.SIGKILL)
+		}
 	}
 	var err error
 	t.once.Do(func() { err = t.ptmx.Close() })
@@ -666,15 +676,26 @@ func (sb *Sandbox) teardown() error {
 	}
 	dir, key := sb.dir, sb.key
 	sb.mu.Unlock()
-	for _, g := range groups {
-		_ = syscall.Kill(-g, syscall.SIGKILL)
+	killGroups := func() {
+		for _, g := range groups {
+			_ = syscall.Kill(-g, syscall.SIGKILL)
+		}
+	}
+	// A tracked group may have emptied since it was last checked
+	// (untrackGroupIfEmpty runs when its command is waited for) and its id
+	// be another process's group now: with a cgroup, which holds exactly
+	// the sandbox's processes, the groups are not killed by id.
+	if sb.cg == nil {
+		killGroups()
 	}
 	// The holder's end ends every process in the sandbox's pid namespace.
 	sb.stopHolder()
 	var cgErr error
 	if sb.cg != nil {
 		// And whatever left its group.
-		cgErr = sb.cg.kill()
+		if cgErr = sb.cg.kill(); cgErr != nil {
+			killGroups()
+		}
 	}
 	if sb.relay != nil {
 		_ = sb.relay.Close()
