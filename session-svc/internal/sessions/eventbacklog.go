@@ -53,11 +53,14 @@ func (m *Manager) appendStoreEvents(ctx context.Context, name string, evs []stor
 		m.events.publish(name)
 		return
 	}
-	if !m.storeUnreachable(ctx, err) {
+	if refused(ctx, err) {
 		m.log.WarnContext(ctx, "events not recorded", "session", name, "error", err)
 		return
 	}
-	m.log.WarnContext(ctx, "session database unreachable: events kept until it is back", "session", name, "events", len(evs), "error", err)
+	// Kept even when the database answers a ping by now: it may have come
+	// back since the write failed. The writer gives up on a write that
+	// fails while it answers (writeTries).
+	m.log.WarnContext(ctx, "events not written (session database unreachable?): kept to be written again", "session", name, "events", len(evs), "error", err)
 	m.keep(name, evs)
 }
 
@@ -111,6 +114,7 @@ func (m *Manager) flushBacklog() {
 	defer logging.Recover(ctx, m.log, "event backlog")
 	b := &m.backlog
 	delay := 100 * time.Millisecond
+	failsWhileUp := 0
 	for {
 		b.mu.Lock()
 		if len(b.order) == 0 {
@@ -123,8 +127,11 @@ func (m *Manager) flushBacklog() {
 		b.mu.Unlock()
 
 		_, err := m.d.Store.AppendEvents(ctx, name, evs)
+		if err != nil && !refused(ctx, err) && m.d.Store.Ping(ctx) == nil {
+			failsWhileUp++
+		}
 		switch {
-		case err == nil, !m.storeUnreachable(ctx, err):
+		case err == nil, refused(ctx, err), failsWhileUp >= writeTries:
 			if err != nil {
 				m.log.WarnContext(ctx, "kept events not recorded", "session", name, "events", len(evs), "error", err)
 			} else {
@@ -143,7 +150,7 @@ func (m *Manager) flushBacklog() {
 			if err == nil {
 				m.events.publish(name)
 			}
-			delay = 100 * time.Millisecond
+			delay, failsWhileUp = 100*time.Millisecond, 0
 			continue
 		}
 		select {
@@ -160,14 +167,16 @@ func (m *Manager) flushBacklog() {
 	}
 }
 
-// storeUnreachable says err is the session database being unreachable (it
-// does not answer a ping), not a refusal of the call itself.
-func (m *Manager) storeUnreachable(ctx context.Context, err error) bool {
+// writeTries is how many times the writer tries kept events that fail
+// while the database answers a ping, before it gives them up.
+const writeTries = 5
+
+// refused says err is the store refusing the write itself (a hangar error:
+// the session is gone, a conflict, no space), or the caller gone: trying
+// again would not help.
+func refused(ctx context.Context, err error) bool {
 	var he *fault.Error
-	if errors.As(err, &he) || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrConflict) || ctx.Err() != nil {
-		return false
-	}
-	return m.d.Store.Ping(ctx) != nil
+	return errors.As(err, &he) || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrConflict) || ctx.Err() != nil
 }
 
 // keptEvents is how many events wait for the database.
