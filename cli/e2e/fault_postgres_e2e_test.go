@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,7 +90,9 @@ func (p *privatePostgres) stop(t *testing.T) {
 // TestPostgresRestartMidTurn: the session database (HANGAR_DATABASE_URL)
 // crashes and comes back while a turn runs, and is down when the turn
 // ends: the turn ends recorded (completed, with its usage) once the
-// database is back, and the session takes its next turn.
+// database is back, the events the agent produced while it was down (its
+// last answer, the turn's usage) are in the session's log, and the
+// session takes its next turn.
 func TestPostgresRestartMidTurn(t *testing.T) {
 	pg := startPrivatePostgres(t)
 	script := scripted.Script{
@@ -133,6 +136,28 @@ func TestPostgresRestartMidTurn(t *testing.T) {
 	turn := s.waitTurn(t, "pg-turn", 1)
 	if turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED || turn.GetUsage().GetModelCalls() < 2 {
 		t.Fatalf("turn after PostgreSQL restarts: %v (%s), usage %v", turn.GetOutcome(), turn.GetOutcomeReason(), turn.GetUsage())
+	}
+	// The events are written by then or soon after (kept in order while
+	// the database was down).
+	var texts []string
+	for deadline := time.Now().Add(time.Minute); ; <-time.After(50 * time.Millisecond) {
+		evs, err := s.sessions.ListEvents(ctx, &sessionv1.ListEventsRequest{Name: "pg-turn", Turn: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		texts = nil
+		finished, usage := false, false
+		for _, e := range evs.GetEvents() {
+			texts = append(texts, e.GetKind().String()+": "+e.GetText())
+			finished = finished || strings.Contains(e.GetText(), "Finished.")
+			usage = usage || e.GetKind() == sessionv1.EventKind_EVENT_KIND_USAGE
+		}
+		if finished && usage {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("turn 1's events lack what the agent did while the database was down (its last answer, the usage):\n%s", strings.Join(texts, "\n"))
+		}
 	}
 	if _, err := s.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: "pg-turn", Message: "Now the quick task."}); err != nil {
 		t.Fatalf("send after the restarts: %v", err)

@@ -100,6 +100,9 @@ func TestSoakSuspendResume(t *testing.T) {
 		if _, err := h.sessions.SuspendSession(ctx, &sessionv1.SuspendSessionRequest{Name: "soak"}); err != nil {
 			t.Fatalf("cycle %d: suspend: %v", cycle, err)
 		}
+		if (cycle+1)%100 == 0 {
+			t.Logf("%d cycles: %d manifest differences so far", cycle+1, differences)
+		}
 	}
 	if _, err := h.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: "soak"}); err != nil {
 		t.Fatalf("last open: %v", err)

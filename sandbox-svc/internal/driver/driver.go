@@ -263,3 +263,15 @@ type Cacher interface {
 	// FreeDisk is the bytes free where the driver keeps its sandboxes.
 	FreeDisk() (int64, error)
 }
+
+// LeftoverReviver is a LeftoverCleaner that can make a leftover live again
+// after a crash: Revive returns a Sandbox over the files it left (work
+// tree and home as they were; none of its processes, which ended with the
+// process that ran them or were killed at start), so what is in it can be
+// taken (a checkpoint for its session) before it goes. Destroying the
+// revived sandbox removes the leftover. A leftover that cannot be revived
+// (no id recorded, its files gone) is an error; remove it instead.
+type LeftoverReviver interface {
+	LeftoverCleaner
+	Revive(ctx context.Context, lo Leftover) (Sandbox, error)
+}

@@ -61,6 +61,9 @@ type Deps struct {
 	CacheMaxBytes int64
 	CacheMinFree  int64
 	CacheTTL      time.Duration
+	// LeftoverGrace is how long a leftover revived at start waits for its
+	// session to checkpoint and release it (DefaultLeftoverGrace).
+	LeftoverGrace time.Duration
 }
 
 // Defaults.
@@ -107,6 +110,8 @@ type entry struct {
 	// workKey is the acquire's (empty: none) and cacheSpec what the
 	// sandbox was made from (cache.go).
 	workKey, cacheSpec string
+	// revived: a leftover of an earlier process (leftover.go).
+	revived bool
 
 	mu      sync.Mutex
 	state   sandboxv1.SandboxState
@@ -123,8 +128,9 @@ type poolEntry struct {
 
 var _ sandboxv1.SandboxServiceServer = (*Server)(nil)
 
-// New builds the server, removes the sandboxes an earlier process left on
-// disk whose lease is gone, starts a warm pool for every environment that
+// New builds the server, revives the sandboxes an earlier process left on
+// disk for their sessions to checkpoint and removes the rest whose lease is
+// gone, starts a warm pool for every environment that
 // asks for one and the lease reaper.
 func New(ctx context.Context, deps Deps) (*Server, error) {
 	if deps.Redis == nil {
@@ -148,6 +154,9 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	if deps.ReapInterval <= 0 {
 		deps.ReapInterval = 5 * time.Second
 	}
+	if deps.LeftoverGrace <= 0 {
+		deps.LeftoverGrace = DefaultLeftoverGrace
+	}
 	envs, err := environment.Open(environment.Options{Home: deps.Home, Now: deps.Now, WorkDir: deps.WorkDir})
 	if err != nil {
 		return nil, err
@@ -161,7 +170,7 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	// Before any pool creates: what is on disk now is an earlier process's.
-	s.reapLeftovers(ctx)
+	s.reviveLeftovers(ctx)
 	if n, ok := deps.Driver.(driver.GoneNotifier); ok {
 		n.NotifyGone(s.sandboxGone)
 	}
@@ -745,6 +754,7 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 	}
 	pe := s.pools[env.Name]
 	s.mu.Unlock()
+	s.displaceRevived(ctx, req.GetWorkKey())
 
 	var sb driver.Sandbox
 	fromPool := false

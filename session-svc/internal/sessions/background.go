@@ -80,7 +80,7 @@ func (m *Manager) Sweep(ctx context.Context) {
 		if m.sandboxGone(ctx, s) {
 			// Its sandbox went without a destroy notice (a sandbox
 			// service that crashed): suspend it from its checkpoint.
-			if _, err := m.recoverSession(ctx, s); err != nil {
+			if _, err := m.recoverOnce(ctx, s.Name); err != nil {
 				m.log.WarnContext(ctx, "session with a gone sandbox not recovered", "session", s.Name, "error", err)
 			}
 			continue
@@ -150,7 +150,7 @@ func (m *Manager) recoverStuck(ctx context.Context) {
 		return
 	}
 	for _, s := range stuck {
-		if _, err := m.recoverSession(ctx, s); err != nil {
+		if _, err := m.recoverOnce(ctx, s.Name); err != nil {
 			m.log.WarnContext(ctx, "stuck session not recovered", "session", s.Name, "state", s.State, "error", err)
 		}
 	}

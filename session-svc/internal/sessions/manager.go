@@ -97,6 +97,12 @@ type Manager struct {
 	leases map[string]*leaseKeeper
 	// sandboxes caches the paths of sandboxes this process acquired.
 	sandboxes map[string]*sandboxv1.Sandbox
+	// recovering are the sessions being recovered now (recoverOnce), each
+	// closed when its recovery ends.
+	recovering map[string]chan struct{}
+
+	// backlog keeps the events of a database outage (eventbacklog.go).
+	backlog eventBacklog
 
 	// holdGraceUntil: no idle suspends before it (the hold table was
 	// lost; holders are taking their holds again).
@@ -160,6 +166,7 @@ func New(d Deps) *Manager {
 		turns:      map[string]*activeTurn{},
 		leases:     map[string]*leaseKeeper{},
 		sandboxes:  map[string]*sandboxv1.Sandbox{},
+		recovering: map[string]chan struct{}{},
 		background: ctx, stop: stop,
 		startedAt: d.Now(),
 	}
@@ -190,8 +197,19 @@ func ValidName(field, name string) error {
 	return nil
 }
 
-// get loads a session or says it does not exist.
+// get loads a session or says it does not exist. A session a stopped
+// process left on a sandbox the sandbox service revived is recovered first
+// (settleLeftBehind), so no call acts on it as it was.
 func (m *Manager) get(ctx context.Context, name string) (*store.Session, error) {
+	s, err := m.load(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return m.settleLeftBehind(ctx, s), nil
+}
+
+// load loads a session or says it does not exist.
+func (m *Manager) load(ctx context.Context, name string) (*store.Session, error) {
 	s, err := m.d.Store.GetSession(ctx, name)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fault.NotFound("SESSION_NOT_FOUND", "session %q does not exist", name)

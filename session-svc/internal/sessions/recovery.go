@@ -65,7 +65,7 @@ func (m *Manager) Recover(ctx context.Context) ([]string, error) {
 	var changed []string
 	var errs []error
 	for _, s := range sessions {
-		did, err := m.recoverSession(ctx, s)
+		did, err := m.recoverOnce(ctx, s.Name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("recover %s: %w", s.Name, err))
 			continue
@@ -120,8 +120,7 @@ func (m *Manager) recoverSession(ctx context.Context, s *store.Session) (did boo
 			sb = resp.GetSandbox()
 		}
 	}
-	leftBehind := sb != nil && (sb.GetLease().GetHolder() == leftoverHolder ||
-		sb.GetLease().GetHolder() == holder(s.Name) && sb.GetLease().GetFencingToken() != s.FencingToken)
+	leftBehind := leftBehindIn(s, sb)
 	if !transient && !leftBehind && (s.SandboxID == "" || sb != nil) {
 		// Idle on a live sandbox (another replica's, or a sandbox service
 		// that outlived us: its lease expiry checkpoints it), or suspended
@@ -142,6 +141,77 @@ func (m *Manager) recoverSession(ctx context.Context, s *store.Session) (did boo
 	}
 	m.log.WarnContext(ctx, "session recovered", "session", s.Name, "was", s.State, "reason", reason)
 	return true, nil
+}
+
+// leftBehindIn says sb, the sandbox s's record names, was left by a
+// stopped process: the sandbox service revived it after a crash (leased to
+// leftoverHolder), or its lease is s's but not the one s's record holds.
+func leftBehindIn(s *store.Session, sb *sandboxv1.Sandbox) bool {
+	l := sb.GetLease()
+	return sb != nil && (l.GetHolder() == leftoverHolder || l.GetHolder() == holder(s.Name) && l.GetFencingToken() != s.FencingToken)
+}
+
+// recoverOnce recovers the session name (recoverSession, on its record as
+// it is now); a recovery of it already under way is waited for instead.
+func (m *Manager) recoverOnce(ctx context.Context, name string) (bool, error) {
+	m.mu.Lock()
+	if ch, ok := m.recovering[name]; ok {
+		m.mu.Unlock()
+		select {
+		case <-ch:
+			return false, nil
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	ch := make(chan struct{})
+	m.recovering[name] = ch
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.recovering, name)
+		m.mu.Unlock()
+		close(ch)
+	}()
+	s, err := m.d.Store.GetSession(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("load session: %w", err)
+	}
+	return m.recoverSession(ctx, s)
+}
+
+// settleLeftBehind recovers s now when its record names a sandbox that a
+// stopped process left (leftBehindIn) and no one here serves: the recovery
+// at start may not have got to it yet, and a call acting on it as it is
+// would use a sandbox whose lease is no longer the session's. It returns
+// the session as it is after; on a failure (logged; the sweeps try again),
+// as it was.
+func (m *Manager) settleLeftBehind(ctx context.Context, s *store.Session) *store.Session {
+	if s.SandboxID == "" {
+		return s
+	}
+	m.mu.Lock()
+	_, turnHere := m.turns[s.Name]
+	_, leaseHere := m.leases[s.Name]
+	m.mu.Unlock()
+	if turnHere || leaseHere {
+		return s
+	}
+	resp, err := m.d.Sandboxes.GetSandbox(ctx, &sandboxv1.GetSandboxRequest{SandboxId: s.SandboxID})
+	if err != nil || !leftBehindIn(s, resp.GetSandbox()) {
+		return s
+	}
+	if _, err := m.recoverOnce(ctx, s.Name); err != nil {
+		m.log.WarnContext(ctx, "session left on a sandbox of a stopped process not recovered", "session", s.Name, "error", err)
+		return s
+	}
+	if cur, err := m.d.Store.GetSession(ctx, s.Name); err == nil {
+		return cur
+	}
+	return s
 }
 
 // settle takes what can be kept from a stopped process's session: a

@@ -834,21 +834,6 @@ func (m *Manager) appendEvents(ctx context.Context, name string, number int, evs
 	m.appendStoreEvents(ctx, name, out)
 }
 
-func (m *Manager) appendStoreEvents(ctx context.Context, name string, evs []store.Event) {
-	now := m.now()
-	for i := range evs {
-		evs[i].Session = name
-		if evs[i].Time.IsZero() {
-			evs[i].Time = now
-		}
-	}
-	if _, err := m.d.Store.AppendEvents(ctx, name, evs); err != nil {
-		m.log.WarnContext(ctx, "events not recorded", "session", name, "error", err)
-		return
-	}
-	m.events.publish(name)
-}
-
 func usageFromGateway(u *gatewayv1.Usage) store.Usage {
 	return store.Usage{
 		InputTokens: u.GetInputTokens(), OutputTokens: u.GetOutputTokens(),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -153,4 +154,64 @@ func TestRestartKillsLeftoverProcesses(t *testing.T) {
 	if alive(pid) {
 		t.Errorf("the leftover's process %d runs on", pid)
 	}
+}
+
+// A group id the sandbox tracked that names another process's group by the
+// time the sandbox goes (its members ended and the id was reused; pid_max
+// is 32768 on some machines) is not killed, nor is the group of a holder
+// that ended already: where the sandbox has a cgroup, only what is in it
+// dies.
+func TestTeardownSparesReusedGroupIDs(t *testing.T) {
+	repo, _ := drivertest.NewRepo(t, map[string]string{"a": "b"})
+	d, err := New(Options{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.cgroups == nil {
+		t.Skip("no cgroup v2 this process may write: teardown kills process groups by id")
+	}
+	ctx := context.Background()
+	sbi, err := d.Create(ctx, driver.Spec{ID: "sb-reuse", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := sbi.(*Sandbox)
+	p, err := sb.Exec(ctx, driver.ExecRequest{Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	// Another process's group, outside the sandbox, under ids the sandbox
+	// holds as stale: a tracked group, and an ended holder's.
+	other := exec.Command("sleep", "60")
+	other.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Process.Kill(); _ = other.Wait() }()
+	sb.trackGroup(other.Process.Pid)
+	sb.stopHolder()
+	ended := &holder{stdin: devNullFile(t), pgid: other.Process.Pid, done: make(chan struct{})}
+	close(ended.done)
+	sb.holdMu.Lock()
+	sb.hold = ended
+	sb.holdMu.Unlock()
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatalf("destroy: %v", err)
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(other.Process.Pid) + "/stat"); err != nil || bytes.Contains(b, []byte(") Z ")) {
+		t.Fatalf("a process group outside the sandbox was killed with it: %s %v", b, err)
+	}
+}
+
+func devNullFile(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }

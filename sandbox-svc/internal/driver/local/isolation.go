@@ -305,7 +305,14 @@ func (j *jail) startHolder(attr *syscall.SysProcAttr) (*holder, error) {
 // stop ends the holder, and with it every process in its pid namespace.
 func (h *holder) stop() {
 	h.stdin.Close()
-	_ = syscall.Kill(-h.pgid, syscall.SIGKILL)
+	select {
+	case <-h.done:
+		// It ended and was reaped already: its pgid may be another
+		// process's group by now (pids are reused, after a few minutes
+		// where pid_max is 32768), which must not be killed.
+	default:
+		_ = syscall.Kill(-h.pgid, syscall.SIGKILL)
+	}
 	<-h.done
 	for _, f := range []*os.File{h.userns, h.pidns, h.owner} {
 		if f != nil {

@@ -29,6 +29,16 @@ const lockName = ".lock"
 type marker struct {
 	ID          string `json:"id"`
 	Environment string `json:"environment"`
+	// Egress is "none" or "full"; empty in markers written before it was
+	// recorded.
+	Egress string `json:"egress,omitempty"`
+}
+
+func egressName(e driver.Egress) string {
+	if e == driver.EgressNone {
+		return "none"
+	}
+	return "full"
 }
 
 // lockDir takes the sandboxes directory for this process.
@@ -124,6 +134,78 @@ func (d *Driver) RemoveLeftover(_ context.Context, lo driver.Leftover) (bool, er
 	return true, nil
 }
 
+// Revive makes the leftover lo a live sandbox again (driver.LeftoverReviver):
+// its directory and, for a copy an earlier process mounted over a layer,
+// that mount (still in place: mounts outlive the process that made them)
+// are kept as they are, with a new cgroup and, where one can be made, a
+// private network namespace with no way out (nothing a revived sandbox
+// runs needs the network: it is there to be checkpointed). Its processes
+// are gone: New killed what the crashed process's cgroups held.
+// Destroying it removes the directory, its upper directory and the layers
+// no one mounts any more.
+func (d *Driver) Revive(_ context.Context, lo driver.Leftover) (driver.Sandbox, error) {
+	if lo.ID == "" {
+		return nil, fmt.Errorf("revive %s: no sandbox id recorded", lo.Where)
+	}
+	if d.opts.Isolation == IsolationBwrap && d.jail == nil {
+		return nil, d.errIsolation()
+	}
+	dir := filepath.Join(d.dir, lo.Key)
+	m, err := readMarker(dir)
+	if err != nil {
+		return nil, fmt.Errorf("revive %s: %w", dir, err)
+	}
+	if m.ID != lo.ID {
+		return nil, fmt.Errorf("revive %s: it holds sandbox %q, not %q", dir, m.ID, lo.ID)
+	}
+	sb := newSandbox(d, driver.Spec{ID: lo.ID, WorkKey: lo.Key, Environment: m.Environment, Egress: driver.EgressNone})
+	if err := d.claimKey(lo.Key, sb); err != nil {
+		return nil, err
+	}
+	sb.key, sb.dir, sb.revived = lo.Key, dir, true
+	ok := false
+	defer func() {
+		if !ok {
+			// Not revived: nothing of the leftover is removed here (the
+			// caller removes it as a leftover).
+			sb.mu.Lock()
+			sb.dir = ""
+			sb.mu.Unlock()
+			sb.revived = false
+			_ = sb.teardown()
+		}
+	}()
+	for _, p := range []string{sb.workDir(), sb.homeDir()} {
+		if st, err := os.Stat(p); err != nil || !st.IsDir() {
+			return nil, fmt.Errorf("revive %s: its files are gone (%s)", dir, p)
+		}
+	}
+	if d.cgroups != nil {
+		cg, err := d.cgroups.open(lo.ID)
+		if err != nil {
+			d.opts.Logger.Warn("sandbox without a cgroup: processes that leave their group outlive it", "sandbox", lo.ID, "error", err)
+		}
+		sb.cg = cg
+	}
+	ns, err := newNetNS()
+	switch {
+	case err == nil:
+		sb.ns = ns
+	case m.Egress != "none":
+		// Egress full, or not recorded (a marker of an older
+		// release).
+		sb.spec.Egress = driver.EgressFull
+	default:
+		return nil, fmt.Errorf("revive %s: %w: %v", dir, driver.ErrEgressUnsupported, err)
+	}
+	sb.createdAt = d.opts.Now()
+	if st, err := os.Stat(filepath.Join(dir, markerName)); err == nil {
+		sb.createdAt = st.ModTime()
+	}
+	ok = true
+	return sb, nil
+}
+
 // Close releases the sandboxes directory. Live sandboxes are not touched:
 // destroy them first.
 func (d *Driver) Close() error {
@@ -141,4 +223,4 @@ func (d *Driver) Close() error {
 	return f.Close()
 }
 
-var _ driver.LeftoverCleaner = (*Driver)(nil)
+var _ driver.LeftoverReviver = (*Driver)(nil)

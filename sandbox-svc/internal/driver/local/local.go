@@ -190,6 +190,9 @@ func (d *Driver) Copy(ctx context.Context, src driver.Sandbox, spec driver.Spec)
 	if !ok || from.d != d {
 		return nil, errors.New("local driver: copy of a sandbox of another driver")
 	}
+	if from.revived {
+		return nil, errors.New("local driver: a revived leftover sandbox is not copied")
+	}
 	if err := from.freeze(); err != nil {
 		return nil, err
 	}
@@ -266,7 +269,7 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, l *layer, fill fu
 	if err := removeAll(sb.dir); err != nil {
 		return nil, fmt.Errorf("remove stale sandbox dir: %w", err)
 	}
-	m := marker{ID: spec.ID, Environment: spec.Environment}
+	m := marker{ID: spec.ID, Environment: spec.Environment, Egress: egressName(spec.Egress)}
 	if l != nil {
 		if err := os.Mkdir(sb.dir, 0o755); err != nil {
 			return nil, err

@@ -30,6 +30,10 @@ type Sandbox struct {
 	relay      *relay
 	baseCommit string
 	createdAt  time.Time
+	// revived: a leftover of an earlier process made live again
+	// (leftover.go); its teardown also removes what a leftover's removal
+	// does (its upper directory, unused layers).
+	revived bool
 
 	// holdMu guards hold: the process holding the sandbox's namespaces
 	// (isolation.go); nil until its first process, or without isolation.
@@ -362,8 +366,13 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, gua
 	go func() {
 		select {
 		case <-ctx.Done():
-			for _, g := range groups {
-				_ = syscall.Kill(-g, syscall.SIGKILL)
+			select {
+			case <-p.waited:
+				// Reaped: its groups' ids may be reused already.
+			default:
+				for _, g := range groups {
+					_ = syscall.Kill(-g, syscall.SIGKILL)
+				}
 			}
 		case <-p.waited:
 		}
@@ -579,8 +588,13 @@ func (t *terminal) Wait() (driver.ExitStatus, error) {
 }
 
 func (t *terminal) Kill() error {
-	for _, g := range t.groups {
-		_ = syscall.Kill(-g, syscall.SIGKILL)
+	select {
+	case <-t.waited:
+		// Reaped: its groups' ids may be another process's by now.
+	default:
+		for _, g := range t.groups {
+			_ = syscall.Kill(-g, syscall.SIGKILL)
+		}
 	}
 	var err error
 	t.once.Do(func() { err = t.ptmx.Close() })
@@ -592,8 +606,8 @@ func (sb *Sandbox) Relocate(ctx context.Context, workKey string) error {
 	// A mounted sandbox's upper directory is named by its key.
 	sb.layerMu.Lock()
 	defer sb.layerMu.Unlock()
-	if sb.layer != nil {
-		return errors.New("relocate: the sandbox is mounted over a layer")
+	if sb.layer != nil || sb.revived {
+		return errors.New("relocate: the sandbox is mounted over a layer or revived")
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -662,15 +676,26 @@ func (sb *Sandbox) teardown() error {
 	}
 	dir, key := sb.dir, sb.key
 	sb.mu.Unlock()
-	for _, g := range groups {
-		_ = syscall.Kill(-g, syscall.SIGKILL)
+	killGroups := func() {
+		for _, g := range groups {
+			_ = syscall.Kill(-g, syscall.SIGKILL)
+		}
+	}
+	// A tracked group may have emptied since it was last checked
+	// (untrackGroupIfEmpty runs when its command is waited for) and its id
+	// be another process's group now: with a cgroup, which holds exactly
+	// the sandbox's processes, the groups are not killed by id.
+	if sb.cg == nil {
+		killGroups()
 	}
 	// The holder's end ends every process in the sandbox's pid namespace.
 	sb.stopHolder()
 	var cgErr error
 	if sb.cg != nil {
 		// And whatever left its group.
-		cgErr = sb.cg.kill()
+		if cgErr = sb.cg.kill(); cgErr != nil {
+			killGroups()
+		}
 	}
 	if sb.relay != nil {
 		_ = sb.relay.Close()
@@ -691,6 +716,11 @@ func (sb *Sandbox) teardown() error {
 	}
 	if l != nil {
 		err = errors.Join(err, removeAll(sb.d.upperOf(key)), sb.d.releaseLayer(l))
+	}
+	if sb.revived && dir != "" {
+		// A leftover's mount (removeAll unmounted it) held a layer
+		// this driver does not count.
+		err = errors.Join(err, removeAll(sb.d.upperOf(key)), sb.d.sweepLayers())
 	}
 	if key != "" {
 		sb.d.releaseKey(key, sb)
