@@ -232,9 +232,11 @@ func TestFaultKillPoints(t *testing.T) {
 	model := httptest.NewServer(upstream)
 	t.Cleanup(model.Close)
 
+	// The sandbox cache off: a resume restores, so the restore points
+	// fall in a restore (a cached resume would restore nothing).
 	h := newHangarProcess(t,
 		"HANGAR_ANTHROPIC_URL="+model.URL, "HANGAR_ANTHROPIC_API_KEY=upstream-key",
-		"HANGAR_CLAUDE_BIN="+filepath.Join(dir, harnessClaude))
+		"HANGAR_CLAUDE_BIN="+filepath.Join(dir, harnessClaude), "HANGAR_SANDBOX_CACHE=0")
 	h.start(t)
 	h.applyEnvironment(t, "e2e", gitRepo(t, map[string]string{"README.md": "base\n"}), 0, sandboxv1.Egress_EGRESS_FULL)
 

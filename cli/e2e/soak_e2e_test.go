@@ -74,7 +74,9 @@ func TestSoakSuspendResume(t *testing.T) {
 		}
 		cycles = n
 	}
-	h := newHangarProcess(t)
+	// The sandbox cache off: every resume is a restore from the checkpoint,
+	// which is what the soak checks.
+	h := newHangarProcess(t, "HANGAR_SANDBOX_CACHE=0")
 	h.start(t)
 	h.applyEnvironment(t, "e2e", gitRepo(t, map[string]string{"README.md": "base\n", ".gitignore": "*.log\n"}), 0, sandboxv1.Egress_EGRESS_FULL)
 	ctx := context.Background()
