@@ -170,17 +170,7 @@ another session for another lock.`,
 			case env == "":
 				req.WorkingRepository, _ = sessionGitTop(cmd.Context(), dir)
 			}
-			return sessionRunE(lookupEnv, func(ctx context.Context, c sessionv1.SessionServiceClient, _ []string) error {
-				resp, err := c.CreateSession(ctx, req)
-				if err != nil {
-					return sessionCallErr(err)
-				}
-				sessionWriteCreated(streams.Out, resp)
-				if tf.wait && resp.GetTurn() != nil {
-					return sessionWaitForTurn(ctx, c, streams, resp.GetSession().GetName(), resp.GetTurn().GetNumber())
-				}
-				return nil
-			})(cmd, args)
+			return sessionRunE(lookupEnv, sessionCreate(streams, req, tf.wait))(cmd, args)
 		},
 	}
 	fl := cmd.Flags()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	replayv1 "github.com/hangar-dev/hangar/api/hangar/replay/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/cli/client"
 	"github.com/hangar-dev/hangar/cli/mcp"
@@ -47,6 +48,7 @@ door (Authorization: Bearer <token>).`,
 			logger := logging.New(streams.Err, mcpLogLevel(lookupEnv), "text")
 			return mcp.Serve(cmd.Context(), mcp.Options{
 				Sessions: sessionv1.NewSessionServiceClient(conn),
+				Replay:   replayv1.NewReplayServiceClient(conn),
 				Local:    localCheckout{dir: dir},
 				Version:  version(),
 				Logger:   logger,

@@ -318,17 +318,7 @@ func sessionNewCommand(streams Streams, lookupEnv func(string) (string, bool)) *
 				// The repository you are in, when hangar can read it.
 				req.WorkingRepository, _ = sessionGitTop(cmd.Context(), dir)
 			}
-			return sessionRunE(lookupEnv, func(ctx context.Context, c sessionv1.SessionServiceClient, _ []string) error {
-				resp, err := c.CreateSession(ctx, req)
-				if err != nil {
-					return sessionCallErr(err)
-				}
-				sessionWriteCreated(streams.Out, resp)
-				if tf.wait && resp.GetTurn() != nil {
-					return sessionWaitForTurn(ctx, c, streams, resp.GetSession().GetName(), resp.GetTurn().GetNumber())
-				}
-				return nil
-			})(cmd, args)
+			return sessionRunE(lookupEnv, sessionCreate(streams, req, tf.wait))(cmd, args)
 		},
 	}
 	fl := cmd.Flags()
@@ -934,3 +924,19 @@ func sessionNameOr(s *sessionv1.Session, name string) string {
 
 // sessionTabs is the tabwriter every session table uses.
 func sessionTabs(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
+
+// sessionCreate creates the session req names, says so, and with wait
+// follows its first turn to its end (session new, harness thaw).
+func sessionCreate(streams Streams, req *sessionv1.CreateSessionRequest, wait bool) func(ctx context.Context, c sessionv1.SessionServiceClient, _ []string) error {
+	return func(ctx context.Context, c sessionv1.SessionServiceClient, _ []string) error {
+		resp, err := c.CreateSession(ctx, req)
+		if err != nil {
+			return sessionCallErr(err)
+		}
+		sessionWriteCreated(streams.Out, resp)
+		if wait && resp.GetTurn() != nil {
+			return sessionWaitForTurn(ctx, c, streams, resp.GetSession().GetName(), resp.GetTurn().GetNumber())
+		}
+		return nil
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -38,10 +39,9 @@ const (
 	mcpQuickCmd    = `echo quick-done`
 )
 
-// mcpSpecTools are the spec's MCP tools (fork_run and get_fork come with
-// replay-svc).
+// mcpSpecTools are the spec's MCP tools.
 var mcpSpecTools = []string{
-	"answer_approval", "fork_session", "get_artifact", "get_events", "get_session", "get_session_patch",
+	"answer_approval", "fork_run", "fork_session", "get_artifact", "get_events", "get_fork", "get_session", "get_session_patch",
 	"keep_session", "list_sessions", "new_session", "open_session", "send_to_session", "steer_turn",
 	"suspend_session", "wait_for_turn",
 }
@@ -205,7 +205,7 @@ func mcpText(res *mcpsdk.CallToolResult) string {
 // (TURN_OUTCOME_COMPLETED) or its short one (completed).
 func enumIs(v any, full string) bool {
 	s, _ := v.(string)
-	for _, prefix := range []string{"TURN_OUTCOME_", "SESSION_STATE_", "APPROVAL_STATE_"} {
+	for _, prefix := range []string{"TURN_OUTCOME_", "SESSION_STATE_", "APPROVAL_STATE_", "FORK_STATUS_"} {
 		if short, ok := strings.CutPrefix(full, prefix); ok && s == strings.ToLower(short) {
 			return true
 		}
@@ -320,6 +320,28 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 	if !enumIs(at(sess, "session", "state"), "SESSION_STATE_IDLE") || len(at(sess, "session", "turns").([]any)) != 1 {
 		t.Fatalf("get_session: %v", sess)
 	}
+	// fork_run / get_fork on the first turn's run: the replay service
+	// answers through the façade (its fidelity is replay's own e2e).
+	run, _ := turn["run_id"].(string)
+	if run == "" {
+		t.Fatalf("wait_for_turn: no run_id: %v", turn)
+	}
+	if _, parts := c.callFails(t, "fork_run", map[string]any{"run": run, "at_seq": 100000}); parts["field"] != "at_seq" || parts["code"] != "INVALID_ARGUMENT" {
+		t.Errorf("fork_run past the tape's end: %v, want INVALID_ARGUMENT naming at_seq", parts)
+	}
+	if _, parts := c.callFails(t, "get_fork", map[string]any{"fork": "no-such-fork"}); parts["code"] != "NOT_FOUND" {
+		t.Errorf("get_fork of an unknown fork: %v, want NOT_FOUND", parts)
+	}
+	forkedRun := c.call(t, "fork_run", map[string]any{"run": run, "at_seq": 0, "continuations": 0, "wait_seconds": 300})
+	forkID, _ := forkedRun["fork"].(string)
+	status := fmt.Sprint(forkedRun["status"])
+	if forkID == "" || !(enumIs(status, "FORK_STATUS_VERIFIED") || enumIs(status, "FORK_STATUS_DIVERGED")) {
+		t.Errorf("fork_run at 0, verify only: %v, want a fork that settled (verified or diverged)", forkedRun)
+	}
+	if got := c.call(t, "get_fork", map[string]any{"fork": forkID}); at(got, "fork", "fork") != forkID || fmt.Sprint(at(got, "fork", "status")) != status || at(got, "fork", "run") != run {
+		t.Errorf("get_fork %s: %v, want the fork fork_run made (status %s, run %s)", forkID, got, status, run)
+	}
+
 	listed := c.call(t, "list_sessions", map[string]any{"states": []string{"idle"}})
 	found := false
 	for _, x := range at(listed, "sessions").([]any) {

@@ -17,11 +17,11 @@ import (
 )
 
 // SpecTools are the MCP tools of the spec's Commands table this façade
-// serves (fork_run and get_fork come with replay-svc).
+// serves.
 var specTools = []string{
 	"new_session", "list_sessions", "send_to_session", "open_session", "keep_session", "suspend_session",
 	"get_session", "get_events", "wait_for_turn", "get_artifact", "get_session_patch", "fork_session",
-	"steer_turn", "answer_approval",
+	"steer_turn", "answer_approval", "fork_run", "get_fork",
 }
 
 // Every field set, every message filled: the schema built from a

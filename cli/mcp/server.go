@@ -1,7 +1,8 @@
 // Package mcp is hangar's MCP façade: the spec's session commands as MCP
 // tools for agents that drive hangar (new_session, wait_for_turn,
 // fork_session, ...), on the official Go SDK. It is a client of the API
-// like the CLI: every tool is one or two calls of the session service, and
+// like the CLI: every tool is one or two calls of the session service (the
+// replay service for fork_run and get_fork), and
 // its structured output is the API's answer as protojson. `hangar mcp`
 // serves it on stdio (Serve); `hangar up` mounts HTTPHandler at /mcp on its
 // front door (streamable HTTP, behind the API token).
@@ -15,6 +16,7 @@ import (
 
 	mcpsdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	replayv1 "github.com/hangar-dev/hangar/api/hangar/replay/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/platform/auth"
 )
@@ -42,6 +44,9 @@ type Local interface {
 type Options struct {
 	// Sessions is the session service, dialled like any other client.
 	Sessions sessionv1.SessionServiceClient
+	// Replay is the replay service (fork_run, get_fork), on the same
+	// connection.
+	Replay replayv1.ReplayServiceClient
 	// Local is nil when the server cannot see the caller's files.
 	Local Local
 	// Version is hangar's version, announced to clients.
@@ -63,7 +68,7 @@ func NewServer(opts Options) *mcpsdk.Server {
 		Instructions: instructions,
 		Logger:       logger,
 	})
-	t := &tools{sessions: opts.Sessions, local: opts.Local, logger: logger}
+	t := &tools{sessions: opts.Sessions, replay: opts.Replay, local: opts.Local, logger: logger}
 	t.register(srv)
 	return srv
 }

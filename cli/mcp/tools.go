@@ -16,6 +16,7 @@ import (
 	mcpsdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/protobuf/proto"
 
+	replayv1 "github.com/hangar-dev/hangar/api/hangar/replay/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
 )
@@ -25,6 +26,7 @@ import (
 // session service and returns its answer: no state of its own.
 type tools struct {
 	sessions sessionv1.SessionServiceClient
+	replay   replayv1.ReplayServiceClient
 	local    Local
 	logger   *slog.Logger
 }
@@ -120,6 +122,19 @@ type forkIn struct {
 	Message string   `json:"message,omitempty" jsonschema:"each fork's first message; without one the forks only boot"`
 	Harness string   `json:"harness,omitempty" jsonschema:"fork into another agent CLI (starts with a short account of the earlier turns)"`
 	Names   []string `json:"names,omitempty" jsonschema:"the forks' names, one per fork (default <session>-fork-<i>)"`
+}
+
+type forkRunIn struct {
+	Run           string    `json:"run" jsonschema:"the recorded run to fork: a session's first turn's run_id (get_session: turns[0].run_id)"`
+	AtSeq         int32     `json:"at_seq" jsonschema:"the step to fork at: steps 1..at_seq are replayed from the run's model tape (tools run for real, no model call), then the trials go live; 0 goes live at once"`
+	Continuations *int32    `json:"continuations,omitempty" jsonschema:"how many live continuations (trials), each its own session (default 1, at most 10); 0 only verifies that the prefix replays cleanly"`
+	OnDivergence  string    `json:"on_divergence,omitempty" jsonschema:"what a trial does when its replay diverges from the tape: stop (default, it ends there) or live (it goes live from there)"`
+	Budget        *budgetIn `json:"budget,omitempty" jsonschema:"each continuation's budget (default max_cost_usd 5)"`
+	WaitSeconds   int32     `json:"wait_seconds,omitempty" jsonschema:"answer once every prefix has settled, or after this many seconds (0: at once, status replaying; follow with get_fork)"`
+}
+
+type getForkIn struct {
+	Fork string `json:"fork" jsonschema:"the fork's id, as fork_run returned it"`
 }
 
 type steerIn struct {
@@ -297,6 +312,28 @@ func (t *tools) register(s *mcpsdk.Server) {
 		OutputSchema: outputSchema(&sessionv1.ForkSessionResponse{}, "the forks"),
 		Annotations:  &mcpsdk.ToolAnnotations{DestructiveHint: &notDestructive},
 	}, t.fork)
+
+	add(s, &mcpsdk.Tool{
+		Name:  "fork_run",
+		Title: "Fork a recorded run at a step",
+		Description: "Re-execute a recorded run (a session's first turn) up to step at_seq against its model tape, in a fresh sandbox: every tool runs again for real while the model's answers come from the tape, and each request is checked against the taped one. " +
+			"A clean prefix then goes live as k trials, each its own session you can continue like any other (send_to_session, get_session_patch). " +
+			"Use it to try other continuations from a point of a run, or (continuations: 0) to check that a run replays. " +
+			"Returns the fork: its id, status (replaying, forked, verified, diverged, unreplayed, failed), the earliest divergence (seq, kind: model, tool, network or tree) and the trials.",
+		InputSchema:  inputSchema[forkRunIn](map[string][]any{"on_divergence": {"stop", "live"}}),
+		OutputSchema: outputSchema(&replayv1.ForkRunResponse{}, "the fork"),
+		Annotations:  &mcpsdk.ToolAnnotations{DestructiveHint: &notDestructive},
+	}, t.forkRun)
+
+	add(s, &mcpsdk.Tool{
+		Name:  "get_fork",
+		Title: "Show a fork at a step",
+		Description: "The state of a fork made by fork_run: its status, divergence, how many steps were replayed, and its trials with their sessions and statuses. " +
+			"Call it to follow a fork that was still replaying when fork_run answered.",
+		InputSchema:  inputSchema[getForkIn](nil),
+		OutputSchema: outputSchema(&replayv1.GetForkResponse{}, "the fork"),
+		Annotations:  &mcpsdk.ToolAnnotations{ReadOnlyHint: true},
+	}, t.getFork)
 
 	add(s, &mcpsdk.Tool{
 		Name:  "steer_turn",
@@ -526,6 +563,27 @@ func (t *tools) fork(ctx context.Context, _ *mcpsdk.CallToolRequest, in forkIn) 
 		return nil, err
 	}
 	return result(t.sessions.ForkSession(ctx, req))
+}
+
+func (t *tools) forkRun(ctx context.Context, _ *mcpsdk.CallToolRequest, in forkRunIn) (json.RawMessage, error) {
+	req := &replayv1.ForkRunRequest{Run: in.Run, AtSeq: in.AtSeq, Continuations: in.Continuations, WaitSeconds: in.WaitSeconds}
+	switch in.OnDivergence {
+	case "":
+	case "stop":
+		req.OnDivergence = replayv1.OnDivergence_ON_DIVERGENCE_STOP
+	case "live":
+		req.OnDivergence = replayv1.OnDivergence_ON_DIVERGENCE_LIVE
+	default:
+		return nil, fault.InvalidArgument("on_divergence", "on_divergence %q: want stop or live", in.OnDivergence)
+	}
+	if b := in.Budget; b != nil {
+		req.Budget = &replayv1.Budget{MaxCostUsd: b.MaxCostUSD, MaxTokens: b.MaxTokens, MaxMinutes: b.MaxMinutes}
+	}
+	return result(t.replay.ForkRun(ctx, req))
+}
+
+func (t *tools) getFork(ctx context.Context, _ *mcpsdk.CallToolRequest, in getForkIn) (json.RawMessage, error) {
+	return result(t.replay.GetFork(ctx, &replayv1.GetForkRequest{Fork: in.Fork}))
 }
 
 func (t *tools) steer(ctx context.Context, _ *mcpsdk.CallToolRequest, in steerIn) (json.RawMessage, error) {

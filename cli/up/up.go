@@ -357,6 +357,7 @@ func Start(ctx context.Context, cfg Config, lookupEnv func(string) (string, bool
 	cleanup = append(cleanup, func() { _ = mcpConn.Close() })
 	routes[mcpPath] = exactPath(mcpPath, mcp.HTTPHandler(mcp.Options{
 		Sessions: sessionv1.NewSessionServiceClient(mcpConn),
+		Replay:   replayv1.NewReplayServiceClient(mcpConn),
 		Logger:   logger.With("service", "mcp"),
 	}, mcp.HTTPOptions{Token: token, MaxRequestBytes: cfg.MaxRequestBytes()}))
 	// The dashboard: its page at /, the rest below /ui/; its terminals
