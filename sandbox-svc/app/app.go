@@ -69,7 +69,7 @@ func newDriver(ctx context.Context, cfg Config, logger *slog.Logger) (driver.Dri
 	case "kubernetes":
 		rc, err := kubernetes.ConfigFrom(cfg.KubeConfig)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("HANGAR_SANDBOX_DRIVER=kubernetes: HANGAR_KUBE_CONFIG=%q: %w", cfg.KubeConfig, err)
 		}
 		return kubernetes.New(ctx, kubernetes.Options{
 			Config: rc, Namespace: cfg.KubeNamespace, Image: cfg.KubeImage, ToolImage: cfg.KubeToolImage,

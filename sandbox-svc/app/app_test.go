@@ -10,11 +10,18 @@ import (
 )
 
 // A driver name the build does not know is refused by name, never run as
-// another driver.
+// another driver; the kubernetes driver without a cluster to reach is
+// refused naming the setting that gives one.
 func TestNewDriverRefusesUnknown(t *testing.T) {
-	_, err := newDriver(context.Background(), Config{Driver: "kubernetes"}, slog.New(slog.DiscardHandler))
-	if err == nil || !strings.Contains(err.Error(), `HANGAR_SANDBOX_DRIVER="kubernetes"`) {
-		t.Fatalf("newDriver(kubernetes) = %v, want a refusal naming the setting", err)
+	_, err := newDriver(context.Background(), Config{Driver: "nomad"}, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), `HANGAR_SANDBOX_DRIVER="nomad"`) {
+		t.Fatalf("newDriver(nomad) = %v, want a refusal naming the setting", err)
+	}
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	_, err = newDriver(context.Background(), Config{Driver: "kubernetes"}, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "HANGAR_KUBE_CONFIG") {
+		t.Fatalf("newDriver(kubernetes) without a cluster = %v, want a refusal naming HANGAR_KUBE_CONFIG", err)
 	}
 	// Without HANGAR_SANDBOX_TOOL (and none beside the test binary) the
 	// tool is built from this source tree into HANGAR_HOME/bin.
