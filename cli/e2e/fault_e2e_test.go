@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -47,7 +48,9 @@ type hangarProcess struct {
 	cmd             *exec.Cmd
 	exited          chan struct{}
 	log             *os.File
-	conn            interface{ Close() error }
+	// keepLog: keep the log as if the test failed (HANGAR_E2E_KEEP_LOG).
+	keepLog atomic.Bool
+	conn    interface{ Close() error }
 	stack
 }
 
@@ -95,7 +98,7 @@ func newHangarProcess(t *testing.T, vars ...string) *hangarProcess {
 		if left := processesUnder(h.home); len(left) > 0 {
 			t.Errorf("processes left running in hangar's sandboxes after it stopped (killed now): %v", left)
 		}
-		if t.Failed() {
+		if t.Failed() || h.keepLog.Load() {
 			// The data directory goes with the test: show its warnings
 			// (HANGAR_E2E_KEEP_LOG=FILE keeps the whole log).
 			b, _ := os.ReadFile(h.log.Name())
@@ -122,6 +125,9 @@ func (h *hangarProcess) start(t *testing.T) {
 	t.Helper()
 	_ = os.Remove(filepath.Join(h.home, "endpoint"))
 	h.cmd = exec.Command(h.bin, "up")
+	if os.Getenv("HANGAR_E2E_KEEP_LOG") != "" {
+		h.cmd.Args = append(h.cmd.Args, "-v") // every record, kept across restarts
+	}
 	h.cmd.Env = h.env
 	h.cmd.Stdout, h.cmd.Stderr = h.log, h.log
 	if err := h.cmd.Start(); err != nil {
@@ -362,6 +368,7 @@ func (h *hangarProcess) checkAfterFault(t *testing.T, name, marker string, wantM
 		// does not is.
 		tally.mu.Lock()
 		tally.retriedOpen++
+		h.keepLog.Store(true)
 		tally.mu.Unlock()
 		t.Logf("%s: first open after the restart failed (state %v, %s): %v", name, s.GetState(), s.GetStateReason(), err)
 		if _, err := h.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: name}); err != nil {

@@ -183,7 +183,11 @@ func (e *Engine) restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 		}()
 		err := stage(name, r)
 		r.CloseWithError(io.ErrClosedPipe)
-		if cerr := <-done; cerr != nil {
+		cerr := <-done
+		// A stage that ended early closes the pipe under check: then
+		// the stage's own error (its exit, its signal) says why, not
+		// the closed pipe.
+		if cerr != nil && (err == nil || !errors.Is(cerr, io.ErrClosedPipe)) {
 			return cerr
 		}
 		return err

@@ -3,11 +3,13 @@ package server
 import (
 	"errors"
 	"io"
+	"log/slog"
 	"sync"
 	"time"
 
 	"context"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
+	"github.com/hangar-dev/hangar/api/sandboxexec"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 )
@@ -122,6 +124,16 @@ func (s *Server) Exec(stream sandboxv1.SandboxService_ExecServer) error {
 		return stream.Context().Err()
 	}
 	exit := &sandboxv1.ExecExit{ExitCode: int32(st.Code), Signal: st.Signal}
+	if st.Signal != "" {
+		// A hangar service's own command (a capture, a restore) is not
+		// expected to die of a signal.
+		level := slog.LevelInfo
+		if sandboxexec.IsServiceCall(ctx) {
+			level = slog.LevelWarn
+		}
+		s.log.Log(ctx, level, "sandbox command killed by a signal", "sandbox", e.id, "command", commandLine(start.GetCommand()),
+			"signal", st.Signal, "canceled", ctx.Err() != nil)
+	}
 	if err != nil {
 		exit.Error = "the command could not be waited for"
 		s.log.Warn("exec wait failed", "sandbox", e.id, "error", err)

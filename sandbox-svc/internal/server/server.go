@@ -396,6 +396,8 @@ func (s *Server) destroy(ctx context.Context, e *entry, reason destroyhook.Reaso
 	e.state = sandboxv1.SandboxState_SANDBOX_STATE_DESTROYING
 	l := e.lease
 	e.mu.Unlock()
+	s.log.Info("sandbox being destroyed", slog.String("sandbox", e.id), slog.String("holder", l.Holder),
+		slog.Int("reason", int(reason)))
 	defer close(e.destroy)
 
 	hook := func(ctx context.Context, _ driver.Sandbox) error {
@@ -911,6 +913,7 @@ func (s *Server) KillProcesses(ctx context.Context, req *sandboxv1.KillProcesses
 	if !ok {
 		return nil, fault.Unimplemented("this sandbox driver cannot end a sandbox's processes")
 	}
+	s.log.Info("sandbox processes being killed", slog.String("sandbox", e.id))
 	if err := killer.KillProcesses(ctx); err != nil {
 		return nil, fmt.Errorf("kill processes of %s: %w", e.id, err)
 	}

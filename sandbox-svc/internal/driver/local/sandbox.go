@@ -370,6 +370,8 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, useNS, gua
 			case <-p.waited:
 				// Reaped: its groups' ids may be reused already.
 			default:
+				sb.d.opts.Logger.Info("sandbox command canceled: its process groups killed", "sandbox", sb.spec.ID,
+					"command", req.Argv[0], "cause", context.Cause(ctx))
 				for _, g := range groups {
 					_ = syscall.Kill(-g, syscall.SIGKILL)
 				}
