@@ -5,13 +5,16 @@ go 1.26.8
 replace (
 	github.com/hangar-dev/hangar/api => ../api
 	github.com/hangar-dev/hangar/platform => ../platform
+	github.com/hangar-dev/hangar/web => ../web
 )
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/google/uuid v1.6.0
+	github.com/gorilla/websocket v1.5.3
 	github.com/hangar-dev/hangar/api v0.0.0-00010101000000-000000000000
 	github.com/hangar-dev/hangar/platform v0.0.0-00010101000000-000000000000
+	github.com/hangar-dev/hangar/web v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.yaml.in/yaml/v3 v3.0.6

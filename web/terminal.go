@@ -140,7 +140,9 @@ func (h *Handler) runTerminal(ctx context.Context, ws *websocket.Conn, name, kin
 	release := h.hold(ctx, name, remote, kind)
 	defer release()
 
-	open := &sandboxv1.TerminalOpen{SandboxId: sandboxID, Size: size}
+	// A closed tab cannot re-attach: the terminal ends with the WebSocket,
+	// its process and everything started there (`sleep 1000 &`) killed.
+	open := &sandboxv1.TerminalOpen{SandboxId: sandboxID, Size: size, EndOnDetach: true}
 	var command string
 	if kind == kindAgent {
 		in, err := h.sessions.StartInteractive(ctx, &sessionv1.StartInteractiveRequest{Name: name})
@@ -182,9 +184,8 @@ func (h *Handler) runTerminal(ctx context.Context, ws *websocket.Conn, name, kin
 		return nil // the browser went away
 	}
 
-	// Browser → pty. When the WebSocket closes, the stream is canceled:
-	// the sandbox leaves the process running, detached, as Ctrl-] does for
-	// hangar sb attach.
+	// Browser → pty. When the WebSocket closes, the terminal detaches and,
+	// opened with end_on_detach, the sandbox kills its processes.
 	go func() {
 		defer cancel()
 		for {

@@ -41,6 +41,9 @@ type Options struct {
 	// Conn reaches the session and sandbox services (a front door), with
 	// the token attached to every call. Terminals use it.
 	Conn grpc.ClientConnInterface
+	// SandboxConn reaches the sandbox service when Conn does not (a
+	// deployed session-svc serving the dashboard); nil means Conn.
+	SandboxConn grpc.ClientConnInterface
 	// Logger receives terminal records; nil discards.
 	Logger *slog.Logger
 }
@@ -67,6 +70,10 @@ func New(opts Options) (*Handler, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	sandboxConn := opts.SandboxConn
+	if sandboxConn == nil {
+		sandboxConn = opts.Conn
+	}
 	index, err := assets.ReadFile("assets/index.html")
 	if err != nil {
 		return nil, err
@@ -74,7 +81,7 @@ func New(opts Options) (*Handler, error) {
 	h := &Handler{
 		token:     opts.Token,
 		sessions:  sessionv1.NewSessionServiceClient(opts.Conn),
-		sandboxes: sandboxv1.NewSandboxServiceClient(opts.Conn),
+		sandboxes: sandboxv1.NewSandboxServiceClient(sandboxConn),
 		logger:    logger,
 		mux:       http.NewServeMux(),
 		index:     index,

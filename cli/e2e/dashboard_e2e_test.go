@@ -5,6 +5,7 @@ package e2e_test
 // the scripted model and the real agent CLIs.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -255,8 +256,17 @@ func TestDashboard(t *testing.T) {
 	}
 	b.run(t, "see the hold", waitJS(`document.getElementById("awake").textContent.includes("terminal")`))
 	b.screenshot(t, "session-shell")
+	// Closing the terminal ends it: the shell and what it left running
+	// (a background job, in a process group of its own) are killed, and
+	// the hold is released.
+	sleepArg := fmt.Sprintf("1000.%d", time.Now().UnixNano()%1_000_000_000)
+	b.run(t, "start a background job",
+		typeInTerminal("sleep "+sleepArg+" & echo job-$((40+2))"),
+		waitJS(terminalText+`.includes("job-42")`))
+	waitFor(t, "the background sleep", func() bool { return len(sleepers(sleepArg)) == 1 })
 	b.run(t, "close the shell", chromedp.Click(chromedp.ID("terminal-close")), waitJS(`!document.querySelector(".terminal-panel")`))
 	waitFor(t, "the terminal hold to be released", func() bool { return !sessionHasHold(s.get(t, "dash"), sessionv1.HoldKind_HOLD_KIND_TERMINAL) })
+	waitFor(t, "the shell's background job to be killed", func() bool { return len(sleepers(sleepArg)) == 0 })
 
 	// Talk to the agent here: the agent CLI, interactive, in its own
 	// conversation.
@@ -267,6 +277,7 @@ func TestDashboard(t *testing.T) {
 		waitJS(agentPromptJS))
 	b.screenshot(t, "session-agent")
 	b.run(t, "close the agent terminal", chromedp.Click(chromedp.ID("terminal-close")), waitJS(`!document.querySelector(".terminal-panel")`))
+	waitFor(t, "the agent terminal's hold to be released", func() bool { return !sessionHasHold(s.get(t, "dash"), sessionv1.HoldKind_HOLD_KIND_TERMINAL) })
 
 	// Fork two and see the tree.
 	b.run(t, "fork",
@@ -300,6 +311,25 @@ func sessionHasHold(s *sessionv1.Session, kind sessionv1.HoldKind) bool {
 		}
 	}
 	return false
+}
+
+// sleepers lists the host's processes running `sleep ARG` (a sandbox's
+// processes are the host's, in a pid namespace of their own or not).
+func sleepers(arg string) []string {
+	var found []string
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	want := []byte("sleep\x00" + arg + "\x00")
+	for _, d := range dirs {
+		cmdline, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err != nil || !bytes.Contains(cmdline, want) {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join(d, "stat")); err == nil && bytes.Contains(stat, []byte(") Z ")) {
+			continue // ended, not yet reaped
+		}
+		found = append(found, filepath.Base(d))
+	}
+	return found
 }
 
 // waitFor polls cond until it holds or a deadline passes.

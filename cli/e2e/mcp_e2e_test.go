@@ -201,16 +201,22 @@ func mcpText(res *mcpsdk.CallToolResult) string {
 	return strings.Join(texts, "\n")
 }
 
-// enumIs says whether v is the enum value full, by its proto name
-// (TURN_OUTCOME_COMPLETED) or its short one (completed).
+// enumIs says whether v is the enum value full (TURN_OUTCOME_COMPLETED)
+// by the short name the REST API and the MCP tools write (completed).
 func enumIs(v any, full string) bool {
 	s, _ := v.(string)
 	for _, prefix := range []string{"TURN_OUTCOME_", "SESSION_STATE_", "APPROVAL_STATE_", "FORK_STATUS_"} {
-		if short, ok := strings.CutPrefix(full, prefix); ok && s == strings.ToLower(short) {
-			return true
+		if short, ok := strings.CutPrefix(full, prefix); ok {
+			return s == strings.ToLower(short) // the REST API's short name only
 		}
 	}
 	return s == full
+}
+
+// asList is v as a JSON array; nil when it is not one.
+func asList(v any) []any {
+	l, _ := v.([]any)
+	return l
 }
 
 // at reads a path of keys (and list indexes as ints) in a JSON value.
@@ -297,7 +303,7 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 		}
 	}
 	created := c.call(t, "new_session", newArgs)
-	if at(created, "session", "name") != name || at(created, "turn", "number") != 1.0 || at(created, "base_commit") == nil {
+	if at(created, "session", "name") != name || at(created, "turn", "number") != 1.0 || at(created, "base_commit") == nil || at(created, "base_commit") == "" {
 		t.Fatalf("new_session: %v", created)
 	}
 
@@ -355,14 +361,13 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 	if len(events) == 0 {
 		t.Fatal("get_events: none")
 	}
-	// A 64-bit number: a decimal string in protojson, a number in some
-	// marshalers.
-	var last int64
-	seq, _ := json.Marshal(at(events[len(events)-1], "seq"))
-	if err := json.Unmarshal(bytes.Trim(seq, `"`), &last); err != nil || last == 0 {
-		t.Fatalf("seq %s: %v", seq, err)
+	// A 64-bit number, as the REST API writes it: a JSON number.
+	seqNum, ok := at(events[len(events)-1], "seq").(float64)
+	if !ok || seqNum == 0 {
+		t.Fatalf("seq %v: want a JSON number", at(events[len(events)-1], "seq"))
 	}
-	if after := at(c.call(t, "get_events", map[string]any{"session": name, "after_seq": last}), "events"); after != nil {
+	last := int64(seqNum)
+	if after, _ := at(c.call(t, "get_events", map[string]any{"session": name, "after_seq": last}), "events").([]any); len(after) != 0 {
 		t.Errorf("get_events after the last seq: %v", after)
 	}
 
@@ -430,7 +435,7 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 	}
 
 	// answer_approval: a turn under approvals ask waits for it.
-	if a := c.call(t, "answer_approval", map[string]any{"session": name}); at(a, "approvals") != nil {
+	if a := c.call(t, "answer_approval", map[string]any{"session": name}); len(asList(at(a, "approvals"))) != 0 {
 		t.Errorf("answer_approval list of a session that never asks: %v", a)
 	}
 	asked := name + "-ask"
@@ -460,7 +465,7 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 	if sp := c.call(t, "suspend_session", map[string]any{"session": name}); !enumIs(at(sp, "session", "state"), "SESSION_STATE_SUSPENDED") {
 		t.Errorf("suspend_session: %v", sp)
 	}
-	if op := c.call(t, "open_session", map[string]any{"session": name}); !enumIs(at(op, "session", "state"), "SESSION_STATE_IDLE") || at(op, "session", "sandbox_id") == nil {
+	if op := c.call(t, "open_session", map[string]any{"session": name}); !enumIs(at(op, "session", "state"), "SESSION_STATE_IDLE") || at(op, "session", "sandbox_id") == nil || at(op, "session", "sandbox_id") == "" {
 		t.Errorf("open_session: %v", op)
 	}
 	forked := c.call(t, "fork_session", map[string]any{"session": name, "n": 1, "names": []string{name + "-fork"}})

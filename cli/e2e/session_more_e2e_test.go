@@ -9,7 +9,10 @@ package e2e_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -381,6 +384,31 @@ func TestSessionQuestionAndArtifact(t *testing.T) {
 	got, err := s.sessions.GetArtifact(ctx, &sessionv1.GetArtifactRequest{Name: name, Path: "report.txt"})
 	if err != nil || string(got.GetContent()) != "the report\n" {
 		t.Fatalf("get artifact: %v, %q", err, got.GetContent())
+	}
+	// The same over REST: .../artifacts lists (it was routed to
+	// GetArtifact of an empty path), .../artifacts/PATH gets one.
+	restGet := func(path string) (int, map[string]any) {
+		req, err := http.NewRequest(http.MethodGet, s.env["HANGAR_URL"]+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+s.env["HANGAR_TOKEN"])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, body
+	}
+	code, listed := restGet("/api/sessions/" + name + "/artifacts")
+	if arts, _ := listed["artifacts"].([]any); code != http.StatusOK || len(arts) != 1 || arts[0].(map[string]any)["path"] != "report.txt" {
+		t.Errorf("GET /api/sessions/%s/artifacts = %d %v", name, code, listed)
+	}
+	code, one := restGet("/api/sessions/" + name + "/artifacts/report.txt")
+	if code != http.StatusOK || one["content"] != base64.StdEncoding.EncodeToString([]byte("the report\n")) {
+		t.Errorf("GET /api/sessions/%s/artifacts/report.txt = %d %v", name, code, one)
 	}
 
 	second := s.send(t, name, 0, "Blue.")

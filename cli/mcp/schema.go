@@ -3,33 +3,33 @@ package mcp
 import (
 	"encoding/json"
 	"maps"
+	"slices"
 
 	"github.com/google/jsonschema-go/jsonschema"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/hangar-dev/hangar/platform/apijson"
 )
 
-// marshal is how every tool's structured output is written: the API's own
-// messages as protojson with their proto field names, so a tool's output
-// reads like the REST API's. outputSchema describes exactly this form: a
-// change here (enum names, int64 as numbers) must change it too, which
-// TestOutputSchemasMatchProtoJSON checks.
-var marshal = protojson.MarshalOptions{UseProtoNames: true}
-
-// toJSON is m in the tools' output form.
+// toJSON is how every tool's structured output is written: the API's own
+// messages as the REST API writes them (platform/apijson: proto field
+// names, every field, enums by the docs' short names such as "idle",
+// 64-bit integers as numbers). outputSchema describes exactly this form: a
+// change here must change it too, which TestOutputSchemasMatchJSON checks.
 func toJSON(m proto.Message) (json.RawMessage, error) {
-	b, err := marshal.Marshal(m)
+	b, err := apijson.Marshal(m)
 	if err != nil {
 		return nil, err
 	}
 	return json.RawMessage(b), nil
 }
 
-// outputSchema is the JSON Schema of m's protojson form (marshal): every
-// field optional (protojson leaves out what is unset), enums by their
-// names, int64 as decimal strings, bytes as base64, Timestamps as RFC 3339
-// strings. Built from the message descriptor, so it follows the API as
+// outputSchema is the JSON Schema of m's JSON (toJSON): every field
+// optional (an unset enum and an unset oneof are left out), an unset
+// message null, enums by their short names, int64 as integers, bytes as
+// base64, Timestamps as RFC 3339 strings. Built from the message descriptor, so it follows the API as
 // fields are added.
 func outputSchema(m proto.Message, description string) *jsonschema.Schema {
 	s := messageSchema(m.ProtoReflect().Descriptor(), map[protoreflect.FullName]bool{})
@@ -73,7 +73,23 @@ func fieldSchema(fd protoreflect.FieldDescriptor, open map[protoreflect.FullName
 	if fd.IsList() {
 		return &jsonschema.Schema{Type: "array", Items: one}
 	}
+	if fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind {
+		// An unset message is null (apijson writes every field).
+		return nullable(one)
+	}
 	return one
+}
+
+// nullable is s that also takes null.
+func nullable(s *jsonschema.Schema) *jsonschema.Schema {
+	c := *s
+	switch {
+	case c.Type != "":
+		c.Types, c.Type = []string{c.Type, "null"}, ""
+	case len(c.Types) > 0:
+		c.Types = append(append([]string(nil), c.Types...), "null")
+	}
+	return &c
 }
 
 func singularSchema(fd protoreflect.FieldDescriptor, open map[protoreflect.FullName]bool) *jsonschema.Schema {
@@ -85,7 +101,7 @@ func singularSchema(fd protoreflect.FieldDescriptor, open map[protoreflect.FullN
 		return &jsonschema.Schema{Type: "integer"}
 	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind,
 		protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		return &jsonschema.Schema{Type: "string", Pattern: `^-?[0-9]+$`, Description: "a 64-bit integer, as a decimal string"}
+		return &jsonschema.Schema{Type: "integer"}
 	case protoreflect.FloatKind, protoreflect.DoubleKind:
 		// protojson writes NaN and infinities as strings.
 		return &jsonschema.Schema{Types: []string{"number", "string"}}
@@ -94,10 +110,16 @@ func singularSchema(fd protoreflect.FieldDescriptor, open map[protoreflect.FullN
 	case protoreflect.BytesKind:
 		return &jsonschema.Schema{Type: "string", Description: "base64"}
 	case protoreflect.EnumKind:
-		values := fd.Enum().Values()
+		// The short names ("idle"); "unspecified" too, as a list or map
+		// writes the zero value.
+		ed := fd.Enum()
+		values := ed.Values()
+		enum := dynamicpb.NewEnumType(ed)
 		names := make([]any, 0, values.Len())
 		for i := range values.Len() {
-			names = append(names, string(values.Get(i).Name()))
+			if name := apijson.EnumName(enum.New(values.Get(i).Number())); name != "" && !slices.Contains(names, any(name)) {
+				names = append(names, name)
+			}
 		}
 		return &jsonschema.Schema{Type: "string", Enum: names}
 	default: // message, group

@@ -3,7 +3,9 @@ package mcp
 import (
 	"context"
 	"encoding/json"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -24,9 +26,10 @@ var specTools = []string{
 	"steer_turn", "answer_approval", "fork_run", "get_fork",
 }
 
-// Every field set, every message filled: the schema built from a
-// descriptor accepts what protojson makes of it.
-func TestOutputSchemasMatchProtoJSON(t *testing.T) {
+// Every field set, every message filled, and every field unset: the
+// schema built from a descriptor accepts what toJSON (the REST API's JSON)
+// makes of it.
+func TestOutputSchemasMatchJSON(t *testing.T) {
 	for _, m := range []proto.Message{
 		&sessionv1.CreateSessionResponse{}, &sessionv1.ListSessionsResponse{}, &sessionv1.SendMessageResponse{},
 		&sessionv1.OpenSessionResponse{}, &sessionv1.KeepSessionResponse{}, &sessionv1.SuspendSessionResponse{},
@@ -37,6 +40,10 @@ func TestOutputSchemasMatchProtoJSON(t *testing.T) {
 	} {
 		name := string(m.ProtoReflect().Descriptor().FullName())
 		t.Run(name, func(t *testing.T) {
+			empty, err := toJSON(m)
+			if err != nil {
+				t.Fatal(err)
+			}
 			fill(m.ProtoReflect(), 0)
 			out, err := toJSON(m)
 			if err != nil {
@@ -46,12 +53,23 @@ func TestOutputSchemasMatchProtoJSON(t *testing.T) {
 			if err != nil {
 				t.Fatalf("schema does not resolve: %v", err)
 			}
-			var v any
+			var v, unset any
 			if err := json.Unmarshal(out, &v); err != nil {
 				t.Fatal(err)
 			}
 			if err := resolved.Validate(v); err != nil {
-				t.Fatalf("protojson of a full %s does not match its schema: %v\n%s", name, err, out)
+				t.Fatalf("the JSON of a full %s does not match its schema: %v\n%s", name, err, out)
+			}
+			if err := json.Unmarshal(empty, &unset); err != nil {
+				t.Fatal(err)
+			}
+			if err := resolved.Validate(unset); err != nil {
+				t.Fatalf("the JSON of an empty %s does not match its schema: %v\n%s", name, err, empty)
+			}
+			// The REST API's form: short enum names, 64-bit integers as
+			// numbers.
+			if protoEnumName.Match(out) || strings.Contains(string(out), `"1099511627776"`) {
+				t.Errorf("%s has proto enum names or 64-bit integers as strings:\n%s", name, out)
 			}
 			// And the schema is not a blank check: a number where no field
 			// of the message takes one is refused.
@@ -65,6 +83,9 @@ func TestOutputSchemasMatchProtoJSON(t *testing.T) {
 		})
 	}
 }
+
+// protoEnumName is a proto enum value's name as a JSON string.
+var protoEnumName = regexp.MustCompile(`"[A-Z][A-Z0-9]*_[A-Z0-9_]+"`)
 
 // fill sets every field of m (one element for lists and maps; the last
 // field of a oneof wins).

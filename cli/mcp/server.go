@@ -2,10 +2,11 @@
 // tools for agents that drive hangar (new_session, wait_for_turn,
 // fork_session, ...), on the official Go SDK. It is a client of the API
 // like the CLI: every tool is one or two calls of the session service (the
-// replay service for fork_run and get_fork), and
-// its structured output is the API's answer as protojson. `hangar mcp`
-// serves it on stdio (Serve); `hangar up` mounts HTTPHandler at /mcp on its
-// front door (streamable HTTP, behind the API token).
+// replay service for fork_run and get_fork), and its structured output is
+// the API's answer as the REST API writes it (platform/apijson: "state":
+// "idle", 64-bit integers as numbers). `hangar mcp` serves it on stdio
+// (Serve); `hangar up` mounts HTTPHandler at /mcp on its front door
+// (streamable HTTP, behind the API token).
 package mcp
 
 import (

@@ -359,6 +359,11 @@ func newGatewayMux() *runtime.ServeMux {
 			Marshaler: &enumCheckingJSON{},
 		}),
 		runtime.WithErrorHandler(gatewayError),
+		// {path=**} needs a path: GET /api/sessions/NAME/artifacts is
+		// ListArtifacts, not GetArtifact of "" (grpc-gateway tries the
+		// route registered last first, and a deep wildcard matched
+		// nothing at all otherwise).
+		runtime.WithStrictDeepWildcardMatching(),
 	)
 }
 

@@ -1,6 +1,7 @@
 // Package app wires session-svc: its configuration, its records (SQLite or
 // PostgreSQL), holds (Redis), the clients of the sandbox, checkpoint and
-// gateway services, the session lifecycle and its gRPC and REST API.
+// gateway services, the session lifecycle, its gRPC and REST API and the
+// dashboard (web/) at /.
 // cmd/session-svc runs it alone; `hangar up` runs it in one process with the
 // other services.
 package app
@@ -35,6 +36,7 @@ import (
 	"github.com/hangar-dev/hangar/session-svc/internal/server"
 	"github.com/hangar-dev/hangar/session-svc/internal/sessions"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
+	"github.com/hangar-dev/hangar/web"
 )
 
 // Name is the service's name in logs, traces and metrics.
@@ -49,6 +51,7 @@ type App struct {
 	svc     *service.Service
 	manager *sessions.Manager
 	tick    <-chan time.Time
+	own     *ownConn // the dashboard's client of this service
 	closers []func() error
 }
 
@@ -102,6 +105,20 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 	if err != nil {
 		return nil, err
 	}
+	// The dashboard (web/), as hangar up's front door serves it: the page
+	// at /, the rest below /ui/, the same sign-in and cookie. Its
+	// terminals reach sandbox-svc as a person's call (not this service's
+	// own work) and this service through its own listener.
+	terminalConn, err := dial(cfg.SandboxAddr, "HANGAR_SANDBOX_ADDR")
+	if err != nil {
+		return nil, err
+	}
+	a.own = newOwnConn(cfg.Token)
+	a.closers = append(a.closers, a.own.Close)
+	dashboard, err := web.New(web.Options{Token: cfg.Token, Conn: a.own, SandboxConn: terminalConn, Logger: logger.With("service", Name)})
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
 	now := cfg.Clock.Now
 	if now == nil {
 		now = time.Now
@@ -147,6 +164,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 			sessionv1.RegisterJobServiceHandler,
 		},
 		OpenAPI: openapi.Document,
+		Routes:  map[string]http.Handler{web.Prefix: dashboard},
+		Index:   dashboard.Index(),
 	})
 	if err != nil {
 		return nil, err
@@ -180,6 +199,7 @@ func (a *App) Run(ctx context.Context, lis net.Listener) error {
 	base := context.WithoutCancel(ctx)
 	serveCtx, stopServing := context.WithCancel(base)
 	defer stopServing()
+	a.own.dial(lis.Addr())
 	served := make(chan error, 1)
 	go func() { served <- a.svc.Serve(serveCtx, lis) }()
 	bgCtx, stopBackground := context.WithCancel(base)

@@ -24,3 +24,10 @@ func (s *Server) TerminalScrollbackContains(id, want string) bool {
 	defer t.mu.Unlock()
 	return bytes.Contains(t.ring, []byte(want))
 }
+
+// HasTerminal reports whether the server still keeps terminal id.
+func (s *Server) HasTerminal(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.terminals[id] != nil
+}

@@ -29,6 +29,9 @@ type termSession struct {
 	gone chan struct{} // closed when that client detaches
 	done chan struct{} // closed when the process ended
 	exit driver.ExitStatus
+	// endOnDetach: the terminal ends when its client leaves
+	// (TerminalOpen.end_on_detach).
+	endOnDetach bool
 }
 
 func (t *termSession) pump() {
@@ -98,8 +101,20 @@ func (s *Server) closeTerminals(sandboxID string) {
 	}
 }
 
+// endTerminal kills the terminal's process and everything it started and forgets
+// the terminal.
+func (s *Server) endTerminal(t *termSession) {
+	s.mu.Lock()
+	if s.terminals[t.id] == t {
+		delete(s.terminals, t.id)
+	}
+	s.mu.Unlock()
+	_ = t.term.Kill()
+}
+
 // AttachTerminal starts or re-attaches a pty. Detach (or the client going
-// away) leaves the process running; its exit ends the stream.
+// away) leaves the process running, unless the open said end_on_detach;
+// its exit ends the stream.
 func (s *Server) AttachTerminal(stream sandboxv1.SandboxService_AttachTerminalServer) error {
 	ctx := stream.Context()
 	first, err := stream.Recv()
@@ -167,6 +182,26 @@ func (s *Server) AttachTerminal(stream sandboxv1.SandboxService_AttachTerminalSe
 		return err
 	}
 	defer detach()
+	if open.GetEndOnDetach() {
+		t.mu.Lock()
+		t.endOnDetach = true
+		t.mu.Unlock()
+	}
+	// Unless the process ended, the client left (detach, its stream ended
+	// or broke): a terminal opened with end_on_detach ends with it.
+	defer func() {
+		select {
+		case <-t.done:
+			return
+		default:
+		}
+		t.mu.Lock()
+		end := t.endOnDetach
+		t.mu.Unlock()
+		if end {
+			s.endTerminal(t)
+		}
+	}()
 	var sendMu sync.Mutex
 	send := func(m *sandboxv1.AttachTerminalResponse) error {
 		sendMu.Lock()

@@ -1971,7 +1971,12 @@ type TerminalOpen struct {
 	TerminalId string `protobuf:"bytes,6,opt,name=terminal_id,json=terminalId,proto3" json:"terminal_id,omitempty"`
 	// Directories put in front of the sandbox's PATH (env's PATH when it
 	// sets one), as ExecStart's path_prepend.
-	PathPrepend   []string `protobuf:"bytes,7,rep,name=path_prepend,json=pathPrepend,proto3" json:"path_prepend,omitempty"`
+	PathPrepend []string `protobuf:"bytes,7,rep,name=path_prepend,json=pathPrepend,proto3" json:"path_prepend,omitempty"`
+	// End the terminal when this client detaches or goes away, instead of
+	// leaving it to re-attach: its process and everything it started
+	// (background jobs too) are killed. A dashboard tab, gone once closed.
+	// Given on a re-attach, it applies from then on.
+	EndOnDetach   bool `protobuf:"varint,8,opt,name=end_on_detach,json=endOnDetach,proto3" json:"end_on_detach,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2053,6 +2058,13 @@ func (x *TerminalOpen) GetPathPrepend() []string {
 		return x.PathPrepend
 	}
 	return nil
+}
+
+func (x *TerminalOpen) GetEndOnDetach() bool {
+	if x != nil {
+		return x.EndOnDetach
+	}
+	return false
 }
 
 // TerminalSize is a pty's size.
@@ -2517,7 +2529,7 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\x05input\x18\x02 \x01(\fH\x00R\x05input\x129\n" +
 	"\x06resize\x18\x03 \x01(\v2\x1f.hangar.sandbox.v1.TerminalSizeH\x00R\x06resize\x12\x18\n" +
 	"\x06detach\x18\x04 \x01(\bH\x00R\x06detachB\x05\n" +
-	"\x03msg\"\xd9\x02\n" +
+	"\x03msg\"\xfd\x02\n" +
 	"\fTerminalOpen\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
@@ -2527,7 +2539,8 @@ const file_hangar_sandbox_v1_service_proto_rawDesc = "" +
 	"\x03env\x18\x05 \x03(\v2(.hangar.sandbox.v1.TerminalOpen.EnvEntryR\x03env\x12\x1f\n" +
 	"\vterminal_id\x18\x06 \x01(\tR\n" +
 	"terminalId\x12!\n" +
-	"\fpath_prepend\x18\a \x03(\tR\vpathPrepend\x1a6\n" +
+	"\fpath_prepend\x18\a \x03(\tR\vpathPrepend\x12\"\n" +
+	"\rend_on_detach\x18\b \x01(\bR\vendOnDetach\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +

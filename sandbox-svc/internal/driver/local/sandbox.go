@@ -589,11 +589,14 @@ func (t *terminal) Wait() (driver.ExitStatus, error) {
 	return exitStatus(t.cmd.ProcessState, t.err, t.jailed)
 }
 
+// Kill ends the process, everything it started (background jobs in
+// groups of their own too: killTree) and closes the pty.
 func (t *terminal) Kill() error {
 	select {
 	case <-t.waited:
 		// Reaped: its groups' ids may be another process's by now.
 	default:
+		killTree(t.cmd.Process.Pid, t.groups)
 		for _, g := range t.groups {
 			_ = syscall.Kill(-g, syscall.SIGKILL)
 		}
