@@ -24,3 +24,13 @@ func (s *Server) TerminalScrollbackContains(id, want string) bool {
 	defer t.mu.Unlock()
 	return bytes.Contains(t.ring, []byte(want))
 }
+
+// PoolIDOf is the pool id (driver.Spec.Pool) of environment name's warm
+// sandboxes as it is stored now.
+func (s *Server) PoolIDOf(ctx context.Context, name string) (string, error) {
+	e, err := s.envs.GetWith(ctx, name, "")
+	if err != nil {
+		return "", err
+	}
+	return poolID(*e), nil
+}

@@ -40,7 +40,7 @@ func BenchmarkKwokWarmClaim(b *testing.B) {
 	var warm []*Sandbox
 	for i := range b.N {
 		id := fmt.Sprintf("sb-w%d", i)
-		sb := newSandbox(d, driver.Spec{ID: id, Environment: "bench"}, podName(id), id)
+		sb := newSandbox(d, driver.Spec{ID: id, Environment: "bench", Pool: "bench"}, podName(id), id)
 		if err := d.reserve(context.Background(), sb); err != nil {
 			b.Fatal(err)
 		}
