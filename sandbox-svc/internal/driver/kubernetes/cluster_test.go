@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -327,6 +328,79 @@ func TestAPIServerUnreachable(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), host) {
 		t.Fatalf("New against a closed port: %v, want ErrUnavailable naming %s", err, host)
 	}
+}
+
+// The API server lost after the driver started (here: the only route to
+// it, a TCP forwarder, closed): a create is ErrUnavailable naming it, and
+// leaves nothing behind (the work key is free again).
+func TestAPIServerGoesAway(t *testing.T) {
+	c := needCluster(t)
+	ns := newNamespace(t, c)
+	fw := forward(t, strings.TrimPrefix(c.Host(), "https://"))
+	cfg := rest.CopyConfig(c.Config)
+	cfg.Host, cfg.Timeout = "https://"+fw.Addr().String(), 5*time.Second
+	d := newDriver(t, c, ns, func(o *Options) { o.Config = cfg })
+	fw.Close()
+	_, err := d.Create(context.Background(), driver.Spec{ID: "sb-gone-api", WorkKey: "session-api", Repository: "/nowhere"})
+	if !errors.Is(err, driver.ErrBackendUnavailable) || !strings.Contains(err.Error(), cfg.Host) {
+		t.Fatalf("Create with the API server gone: %v, want ErrBackendUnavailable naming %s", err, cfg.Host)
+	}
+	d.mu.Lock()
+	live, keys := len(d.live), len(d.keys)
+	d.mu.Unlock()
+	if live != 0 || keys != 0 {
+		t.Errorf("a failed create left %d live sandboxes, %d work keys", live, keys)
+	}
+	if _, err := d.ClaimWarm(context.Background(), "pool-1", ""); !errors.Is(err, driver.ErrBackendUnavailable) {
+		t.Errorf("ClaimWarm with the API server gone: %v", err)
+	}
+}
+
+// forwarder passes TCP connections to addr until closed; Close also cuts
+// the connections it passed.
+type forwarder struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func forward(t *testing.T, addr string) *forwarder {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &forwarder{Listener: l}
+	t.Cleanup(func() { f.Close() })
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", addr)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, in, out)
+			f.mu.Unlock()
+			go func() { _, _ = io.Copy(out, in); out.Close() }()
+			go func() { _, _ = io.Copy(in, out); in.Close() }()
+		}
+	}()
+	return f
+}
+
+func (f *forwarder) Close() error {
+	err := f.Listener.Close()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		c.Close()
+	}
+	f.conns = nil
+	return err
 }
 
 func TestWarmClaimsNeverDoubleHandOut(t *testing.T) {
