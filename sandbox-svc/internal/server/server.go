@@ -270,9 +270,10 @@ func poolKey(e environment.Environment) string {
 
 // poolID names the sandboxes e's pool builds (driver.Spec.Pool): a
 // WarmClaimer's replicas claim each other's warm sandboxes by it, so only
-// ones built from the environment as it is now.
+// ones built from the environment as it is now (its resources too: a
+// pod's are fixed at its creation).
 func poolID(e environment.Environment) string {
-	sum := sha256.Sum256([]byte(poolKey(e)))
+	sum := sha256.Sum256([]byte(poolKey(e) + fmt.Sprintf("%#v", e.Resources)))
 	return hex.EncodeToString(sum[:16])
 }
 
