@@ -76,6 +76,10 @@ type Spec struct {
 	Image string
 	// Resources the environment asks for (0: the driver's default).
 	CPUMillis, MemoryMB, DiskGB int
+	// Pool, when set, makes the sandbox a warm one of that pool (an id of
+	// what the environment builds): a WarmClaimer's acquire may claim it
+	// from any replica. Empty: made for a lease, never handed out warm.
+	Pool string
 }
 
 // Info describes a created sandbox.
@@ -200,6 +204,14 @@ type ProcessKiller interface {
 // sandbox another replica claimed first is ErrInUse.
 type Claimer interface {
 	Claim(ctx context.Context) error
+}
+
+// WarmClaimer is a Driver whose warm sandboxes any replica can take (pods
+// another replica's pool made): the server claims one of the pool, moved
+// to workKey (left at its key when empty), when its own pool has none,
+// before it creates one. nil, nil when there is none.
+type WarmClaimer interface {
+	ClaimWarm(ctx context.Context, pool, workKey string) (Sandbox, error)
 }
 
 // GoneNotifier is a Driver whose sandboxes can be removed by someone else

@@ -31,3 +31,13 @@ func (s *Server) HasTerminal(id string) bool {
 	defer s.mu.Unlock()
 	return s.terminals[id] != nil
 }
+
+// PoolIDOf is the pool id (driver.Spec.Pool) of environment name's warm
+// sandboxes as it is stored now.
+func (s *Server) PoolIDOf(ctx context.Context, name string) (string, error) {
+	e, err := s.envs.GetWith(ctx, name, "")
+	if err != nil {
+		return "", err
+	}
+	return poolID(*e), nil
+}

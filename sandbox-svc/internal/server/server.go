@@ -7,6 +7,7 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -267,6 +268,15 @@ func poolKey(e environment.Environment) string {
 	return fmt.Sprintf("%#v", e)
 }
 
+// poolID names the sandboxes e's pool builds (driver.Spec.Pool): a
+// WarmClaimer's replicas claim each other's warm sandboxes by it, so only
+// ones built from the environment as it is now (its resources too: a
+// pod's are fixed at its creation).
+func poolID(e environment.Environment) string {
+	sum := sha256.Sum256([]byte(poolKey(e) + fmt.Sprintf("%#v", e.Resources)))
+	return hex.EncodeToString(sum[:16])
+}
+
 // syncPool makes the warm pool match e (nil: the environment is gone).
 func (s *Server) syncPool(e *environment.Environment) {
 	s.mu.Lock()
@@ -297,7 +307,9 @@ func (s *Server) syncPool(e *environment.Environment) {
 		opts := pool.Options{
 			Environment: e.Name, Target: e.WarmPoolSize, MaxInFlight: pool.DefaultMaxInFlight,
 			Create: func(ctx context.Context) (driver.Sandbox, error) {
-				return s.drv.Create(ctx, specFor(&spec, newID()))
+				sp := specFor(&spec, newID())
+				sp.Pool = poolID(spec)
+				return s.drv.Create(ctx, sp)
 			},
 			Discard: func(ctx context.Context, sb driver.Sandbox, shutdown bool) {
 				reason := destroyhook.ReasonPoolShrink
@@ -793,6 +805,21 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 				}
 			}
 			if got != nil {
+				sb, fromPool = got, true
+			}
+		}
+	}
+	if sb == nil && !req.GetCold() && req.GetCopyOf() == "" && egress == env.Egress {
+		// A driver whose replicas share warm sandboxes (pods): one of the
+		// environment's pool that another replica made.
+		if wc, ok := s.drv.(driver.WarmClaimer); ok && env.WarmPoolSize > 0 {
+			got, err := wc.ClaimWarm(ctx, poolID(*env), req.GetWorkKey())
+			switch {
+			case errors.Is(err, driver.ErrBackendUnavailable):
+				return nil, createErr(env.Name, err)
+			case err != nil:
+				s.log.Warn("warm claim failed", slog.String("environment", env.Name), slog.Any("error", err))
+			case got != nil:
 				sb, fromPool = got, true
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
@@ -59,7 +60,7 @@ func (m *Manager) thaw(ctx context.Context, n *NewSession) error {
 	case n.Approvals != "" && n.Approvals != lock.Approvals:
 		return conflict("approvals", n.Approvals, lock.Approvals)
 	}
-	if err := m.checkCLIVersion(ctx, lock); err != nil {
+	if err := m.checkCLIVersion(ctx, lock, n.Environment); err != nil {
 		return err
 	}
 	n.Harness, n.Model, n.HarnessLock = lock.Harness, lock.Model, lock.Ref()
@@ -72,9 +73,12 @@ func (m *Manager) thaw(ctx context.Context, n *NewSession) error {
 
 // checkCLIVersion refuses lock when the sandboxes' CLI of its harness is
 // another version, saying which to install or which lock pins the one
-// there.
-func (m *Manager) checkCLIVersion(ctx context.Context, lock harnesslock.Lock) error {
-	if m.d.CLIs == nil {
+// there. It asks this host's CLI, which is the sandboxes' own only under
+// the local driver: pods (the kubernetes driver) have their image's, so
+// for them the check is turn 1's, in the sandbox before the agent runs
+// (driftCheck.inSandbox).
+func (m *Manager) checkCLIVersion(ctx context.Context, lock harnesslock.Lock, environment string) error {
+	if m.d.CLIs == nil || !m.sandboxesOnHost(ctx, environment) {
 		return nil
 	}
 	line, path := m.d.CLIs.Version(ctx, harness.Name(lock.Harness))
@@ -111,6 +115,24 @@ func (m *Manager) checkCLIVersion(ctx context.Context, lock harnesslock.Lock) er
 		lock.Ref(), lock.Harness, lock.CLIVersion, have, path, install, have, other)
 }
 
+// sandboxesOnHost says whether environment's sandboxes see this host's
+// files (the local driver), so this host's agent CLI is theirs. One that
+// cannot be read counts as on the host: creating the session reports it.
+func (m *Manager) sandboxesOnHost(ctx context.Context, environment string) bool {
+	if environment == "" {
+		environment = defaultEnvironment
+	}
+	if m.d.Sandboxes == nil {
+		return true
+	}
+	resp, err := m.d.Sandboxes.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: environment})
+	if err != nil {
+		return true
+	}
+	d := resp.GetEnvironment().GetDriver()
+	return d == "" || d == "local"
+}
+
 func missingWhat(path, line string) string {
 	if path == "" {
 		return "its CLI is not installed"
@@ -138,6 +160,10 @@ type driftCheck struct {
 	// cliVersions: the CLI's --version in the sandbox, then each model
 	// request's.
 	cliVersions []string
+	// inSandbox: the thaw could not check the CLI version on this host
+	// (the sandboxes are pods), so a CLI version other than the lock's
+	// fails turn 1 before the agent runs, whatever HANGAR_HARNESS_DRIFT.
+	inSandbox bool
 }
 
 // startDriftCheck reads the lock of a thawed session's turn 1 and asks
@@ -152,7 +178,7 @@ func (m *Manager) startDriftCheck(ctx context.Context, s *store.Session, number 
 		m.log.WarnContext(ctx, "harness lock not read for the drift check", "session", s.Name, "lock", s.HarnessLock, "error", err)
 		return nil, "turn 1 was not checked against harness lock " + s.HarnessLock + ": " + publicMessage(err)
 	}
-	dc := &driftCheck{lock: lock}
+	dc := &driftCheck{lock: lock, inSandbox: !m.sandboxesOnHost(ctx, s.Environment)}
 	var out, errOut bytes.Buffer
 	code, err := sandboxexec.New(m.d.Sandboxes).WithPathPrepend(inv.PathPrepend...).Exec(ctx, sandboxID, s.FencingToken,
 		[]string{inv.Argv[0], "--version"}, env, inv.Cwd, nil, &out, &errOut)

@@ -485,12 +485,15 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 	if unchecked != "" {
 		preWarnings = append(preWarnings, unchecked)
 	}
-	if drift != nil && m.cfg.HarnessDrift == "fail" {
+	if drift != nil && (m.cfg.HarnessDrift == "fail" || drift.inSandbox) {
 		if d := drift.cliDrift(); len(d) > 0 {
 			// The sandbox runs another CLI than the lock's: the agent
-			// does not run, and recordDrift ends the turn failed.
+			// does not run, and the turn ends failed (recordDrift under
+			// HANGAR_HARNESS_DRIFT=fail; always where the thaw could not
+			// check it before).
 			res := turnResult{command: command, runID: runID}
 			m.recordDrift(ctx, s, number, driftOf(d), &res)
+			res.outcome, res.reason, res.question = store.OutcomeFailed, reasonHarnessDrift, nil
 			return res
 		}
 	}

@@ -40,7 +40,7 @@ func BenchmarkKwokWarmClaim(b *testing.B) {
 	var warm []*Sandbox
 	for i := range b.N {
 		id := fmt.Sprintf("sb-w%d", i)
-		sb := newSandbox(d, driver.Spec{ID: id, Environment: "bench"}, podName(id), id)
+		sb := newSandbox(d, driver.Spec{ID: id, Environment: "bench", Pool: "bench"}, podName(id), id)
 		if err := d.reserve(context.Background(), sb); err != nil {
 			b.Fatal(err)
 		}
@@ -53,6 +53,33 @@ func BenchmarkKwokWarmClaim(b *testing.B) {
 	for _, sb := range warm {
 		if err := sb.Claim(context.Background()); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkKwokClaimWarmOtherReplica: a warm pod another replica's pool
+// made, found by its pool label and claimed (ClaimWarm: a List and the
+// label update), the part of a warm acquire its own pool could not serve.
+func BenchmarkKwokClaimWarmOtherReplica(b *testing.B) {
+	c := needCluster(b)
+	ns := c.Namespace(b, fmt.Sprintf("bench-claimwarm-%d", nsSeq.Add(1)))
+	maker := newDriver(b, c, ns, nil)
+	d := newDriver(b, c, ns, nil)
+	for i := range b.N {
+		id := fmt.Sprintf("sb-o%d", i)
+		sb := newSandbox(maker, driver.Spec{ID: id, Environment: "bench", Pool: "bench"}, podName(id), id)
+		if err := maker.reserve(context.Background(), sb); err != nil {
+			b.Fatal(err)
+		}
+		if err := maker.startPod(context.Background(), sb); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		got, err := d.ClaimWarm(context.Background(), "bench", "")
+		if err != nil || got == nil {
+			b.Fatalf("ClaimWarm = %v, %v", got, err)
 		}
 	}
 }
@@ -93,6 +120,17 @@ func BenchmarkRealNode(b *testing.B) {
 	}
 	defer lsb.Destroy(context.Background())
 	b.Run("LocalExecRoundTrip", func(b *testing.B) { benchExec(b, lsb) })
+	b.Run("LocalColdCreate", func(b *testing.B) {
+		for i := range b.N {
+			sb, err := ld.Create(context.Background(), driver.Spec{ID: fmt.Sprintf("sb-lcold%d", i), Repository: repo})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			_ = sb.Destroy(context.Background())
+			b.StartTimer()
+		}
+	})
 }
 
 func benchExec(b *testing.B, sb driver.Sandbox) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -205,10 +206,16 @@ func TestPodFromEnvironment(t *testing.T) {
 		t.Errorf("phase %s", pod.Status.Phase)
 	}
 	// The default image when the environment names none.
-	plain := started(t, d, driver.Spec{ID: "sb-pod2", Environment: "plain"})
+	// A pool's pod is warm, labelled with its pool; one made for a lease
+	// (no pool) is claimed from the start, work key or not.
+	plain := started(t, d, driver.Spec{ID: "sb-pod2", Environment: "plain", Pool: "plain-pool"})
 	p2, _ := getPod(t, d, plain.pod)
-	if p2.Spec.Containers[0].Image != "debian:bookworm" || p2.Labels[LabelState] != StateWarm {
-		t.Errorf("default image %q state %q", p2.Spec.Containers[0].Image, p2.Labels[LabelState])
+	if p2.Spec.Containers[0].Image != "debian:bookworm" || p2.Labels[LabelState] != StateWarm || p2.Labels[LabelPool] != "plain-pool" {
+		t.Errorf("default image %q state %q pool %q", p2.Spec.Containers[0].Image, p2.Labels[LabelState], p2.Labels[LabelPool])
+	}
+	leased := started(t, d, driver.Spec{ID: "sb-pod3", Environment: "plain"})
+	if p3, _ := getPod(t, d, leased.pod); p3.Labels[LabelState] != StateClaimed || p3.Labels[LabelPool] != "" {
+		t.Errorf("a pod made for a lease: labels %v", p3.Labels)
 	}
 	// A live work key is taken, on this replica and on another.
 	if _, err := d.Create(context.Background(), driver.Spec{ID: "sb-other", WorkKey: "session-one"}); !errors.Is(err, driver.ErrInUse) {
@@ -323,6 +330,79 @@ func TestAPIServerUnreachable(t *testing.T) {
 	}
 }
 
+// The API server lost after the driver started (here: the only route to
+// it, a TCP forwarder, closed): a create is ErrUnavailable naming it, and
+// leaves nothing behind (the work key is free again).
+func TestAPIServerGoesAway(t *testing.T) {
+	c := needCluster(t)
+	ns := newNamespace(t, c)
+	fw := forward(t, strings.TrimPrefix(c.Host(), "https://"))
+	cfg := rest.CopyConfig(c.Config)
+	cfg.Host, cfg.Timeout = "https://"+fw.Addr().String(), 5*time.Second
+	d := newDriver(t, c, ns, func(o *Options) { o.Config = cfg })
+	fw.Close()
+	_, err := d.Create(context.Background(), driver.Spec{ID: "sb-gone-api", WorkKey: "session-api", Repository: "/nowhere"})
+	if !errors.Is(err, driver.ErrBackendUnavailable) || !strings.Contains(err.Error(), cfg.Host) {
+		t.Fatalf("Create with the API server gone: %v, want ErrBackendUnavailable naming %s", err, cfg.Host)
+	}
+	d.mu.Lock()
+	live, keys := len(d.live), len(d.keys)
+	d.mu.Unlock()
+	if live != 0 || keys != 0 {
+		t.Errorf("a failed create left %d live sandboxes, %d work keys", live, keys)
+	}
+	if _, err := d.ClaimWarm(context.Background(), "pool-1", ""); !errors.Is(err, driver.ErrBackendUnavailable) {
+		t.Errorf("ClaimWarm with the API server gone: %v", err)
+	}
+}
+
+// forwarder passes TCP connections to addr until closed; Close also cuts
+// the connections it passed.
+type forwarder struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func forward(t *testing.T, addr string) *forwarder {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &forwarder{Listener: l}
+	t.Cleanup(func() { f.Close() })
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", addr)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, in, out)
+			f.mu.Unlock()
+			go func() { _, _ = io.Copy(out, in); out.Close() }()
+			go func() { _, _ = io.Copy(in, out); in.Close() }()
+		}
+	}()
+	return f
+}
+
+func (f *forwarder) Close() error {
+	err := f.Listener.Close()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		c.Close()
+	}
+	f.conns = nil
+	return err
+}
+
 func TestWarmClaimsNeverDoubleHandOut(t *testing.T) {
 	c := needCluster(t)
 	ns := newNamespace(t, c)
@@ -331,10 +411,14 @@ func TestWarmClaimsNeverDoubleHandOut(t *testing.T) {
 	const warm = 4
 	var made []*Sandbox
 	for i := range warm {
-		sb := started(t, a, driver.Spec{ID: fmt.Sprintf("sb-warm%d", i), Environment: "pool"})
+		sb := started(t, a, driver.Spec{ID: fmt.Sprintf("sb-warm%d", i), Environment: "pool", Pool: "pool-1"})
 		made = append(made, sb)
 	}
-	started(t, a, driver.Spec{ID: "sb-warm-other-env", Environment: "other"})
+	// Another pool (another environment, or this one as it was before an
+	// edit) and a leased pod of the environment are never claimed warm.
+	started(t, a, driver.Spec{ID: "sb-warm-other-env", Environment: "other", Pool: "other-1"})
+	started(t, a, driver.Spec{ID: "sb-warm-old-def", Environment: "pool", Pool: "pool-0"})
+	started(t, a, driver.Spec{ID: "sb-leased", Environment: "pool"})
 	// Replica a hands its own warm pods out (Claim) while replica b
 	// adopts warm pods of the environment (ClaimWarm), all at once.
 	var mu sync.Mutex
@@ -358,12 +442,13 @@ func TestWarmClaimsNeverDoubleHandOut(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sb, err := b.ClaimWarm(context.Background(), "pool", "")
+			got, err := b.ClaimWarm(context.Background(), "pool-1", "")
 			if err != nil {
 				t.Errorf("ClaimWarm: %v", err)
 				return
 			}
-			if sb != nil {
+			if got != nil {
+				sb := got.(*Sandbox)
 				mu.Lock()
 				owners[sb.pod] = append(owners[sb.pod], "b")
 				mu.Unlock()
@@ -387,8 +472,39 @@ func TestWarmClaimsNeverDoubleHandOut(t *testing.T) {
 			t.Errorf("pod %s labels %v after %s claimed it", pod, p.Labels, who[0])
 		}
 	}
-	if sb, err := b.ClaimWarm(context.Background(), "pool", ""); sb != nil || err != nil {
+	if sb, err := b.ClaimWarm(context.Background(), "pool-1", ""); sb != nil || err != nil {
 		t.Errorf("ClaimWarm with none left: %v %v", sb, err)
+	}
+	// A's pods that b claimed first: a forgets them and leaves them be.
+	for _, sb := range made {
+		if who := owners[sb.pod]; len(who) == 1 && who[0] == "b" {
+			if err := sb.Destroy(context.Background()); err != nil {
+				t.Errorf("destroy of a pod lost to b: %v", err)
+			}
+			if p, ok := getPod(t, a, sb.pod); !ok || p.DeletionTimestamp != nil || p.Labels[LabelOwner] != b.Replica() {
+				t.Errorf("pod %s that b claimed was deleted or changed by a's Destroy", sb.pod)
+			}
+		}
+	}
+}
+
+// A claim that meets a newer resourceVersion only because the pod's status
+// changed (the kubelet's update) still claims it: one read and retry.
+func TestClaimAfterStatusUpdate(t *testing.T) {
+	c := needCluster(t)
+	ns := newNamespace(t, c)
+	d := newDriver(t, c, ns, nil)
+	sb := started(t, d, driver.Spec{ID: "sb-stale", Environment: "pool", Pool: "pool-1"})
+	p, _ := getPod(t, d, sb.pod)
+	p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: "hangar.dev/test", Status: corev1.ConditionTrue})
+	if _, err := c.Client.CoreV1().Pods(ns).UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Claim(context.Background()); err != nil {
+		t.Fatalf("claim after a status update: %v", err)
+	}
+	if p, _ := getPod(t, d, sb.pod); p.Labels[LabelState] != StateClaimed || p.Labels[LabelOwner] != d.Replica() || p.Labels[LabelPool] != "" {
+		t.Errorf("labels after the claim %v", p.Labels)
 	}
 }
 

@@ -49,6 +49,8 @@ const (
 	LabelOwner = "hangar.dev/owner"
 	// LabelState is warm (made for a pool, unclaimed) or claimed.
 	LabelState = "hangar.dev/state"
+	// LabelPool is a warm pod's pool (driver.Spec.Pool).
+	LabelPool = "hangar.dev/pool"
 	// LabelWorkKey is a hash of the work key (labels hold 63 characters,
 	// work keys 128); the key itself is in AnnotationWorkKey.
 	LabelWorkKey      = "hangar.dev/work-key-hash"

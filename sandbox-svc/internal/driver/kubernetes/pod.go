@@ -178,10 +178,10 @@ func (d *Driver) release(sb *Sandbox) {
 
 func (d *Driver) labels(sb *Sandbox) map[string]string {
 	state := StateClaimed
-	if sb.spec.WorkKey == "" {
+	if sb.spec.Pool != "" && sb.spec.WorkKey == "" {
 		state = StateWarm
 	}
-	return map[string]string{
+	l := map[string]string{
 		LabelManagedBy:   managedBy,
 		LabelSandbox:     labelValue(sb.spec.ID),
 		LabelEnvironment: labelValue(sb.spec.Environment),
@@ -189,6 +189,10 @@ func (d *Driver) labels(sb *Sandbox) map[string]string {
 		LabelState:       state,
 		LabelWorkKey:     workKeyHash(sb.key),
 	}
+	if state == StateWarm {
+		l[LabelPool] = labelValue(sb.spec.Pool)
+	}
+	return l
 }
 
 // podFor is the sandbox's pod.

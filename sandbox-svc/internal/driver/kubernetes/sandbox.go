@@ -41,6 +41,7 @@ type Sandbox struct {
 	running     int
 	destroyed   bool
 	gone        bool // someone else deleted the pod
+	lost        bool // another replica claimed the warm pod first
 	execs       map[*process]struct{}
 }
 
@@ -464,19 +465,22 @@ func (sb *Sandbox) record(ctx context.Context) error {
 	return nil
 }
 
-// ClaimWarm takes a ready warm pod of environment (made by any replica)
-// for this one, relocated to workKey (or left at its key when empty): nil
-// when there is none. Of replicas racing for one pod, one claim wins; the
+// ClaimWarm takes a ready warm pod of pool (made by any replica) for this
+// one, relocated to workKey (or left at its key when empty): nil when
+// there is none. Of replicas racing for one pod, one claim wins; the
 // others go on to the next pod.
-func (d *Driver) ClaimWarm(ctx context.Context, environment, workKey string) (*Sandbox, error) {
+func (d *Driver) ClaimWarm(ctx context.Context, pool, workKey string) (driver.Sandbox, error) {
+	if pool == "" {
+		return nil, nil
+	}
 	list, err := d.client.CoreV1().Pods(d.opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + managedBy +
-		"," + LabelState + "=" + StateWarm + "," + LabelEnvironment + "=" + labelValue(environment)})
+		"," + LabelState + "=" + StateWarm + "," + LabelPool + "=" + labelValue(pool)})
 	if err != nil {
 		return nil, fmt.Errorf("list warm pods in %s: %w", d.opts.Namespace, d.mapErr(err))
 	}
 	for i := range list.Items {
 		pod := &list.Items[i]
-		if pod.DeletionTimestamp != nil || pod.Annotations[AnnotationEnv] != environment {
+		if pod.DeletionTimestamp != nil {
 			continue
 		}
 		if ready, _ := podStarted(pod); !ready {
@@ -496,7 +500,12 @@ func (d *Driver) ClaimWarm(ctx context.Context, environment, workKey string) (*S
 			key = sb.key
 		}
 		if err := sb.Relocate(ctx, key); err != nil {
-			d.release(sb)
+			if sb.claimedHere() {
+				// Claimed, then not moved: ours, and broken.
+				_ = sb.Destroy(context.WithoutCancel(ctx))
+			} else {
+				d.release(sb)
+			}
 			if errors.Is(err, driver.ErrInUse) || errors.Is(err, driver.ErrDestroyed) {
 				continue
 			}
@@ -589,21 +598,58 @@ func (sb *Sandbox) claim(ctx context.Context, workKey string) error {
 	if pod == nil {
 		return fmt.Errorf("%w: pod %s not started", driver.ErrDestroyed, sb.pod)
 	}
-	pod.Labels[LabelState] = StateClaimed
-	pod.Labels[LabelOwner] = sb.d.opts.Replica
-	pod.Labels[LabelWorkKey] = workKeyHash(workKey)
-	pod.Annotations[AnnotationWorkKey] = workKey
-	updated, err := sb.d.client.CoreV1().Pods(sb.d.opts.Namespace).Update(ctx, pod, metav1.UpdateOptions{})
-	switch {
-	case apierrors.IsConflict(err):
-		return fmt.Errorf("%w: pod %s was claimed or changed by another replica", driver.ErrInUse, sb.pod)
-	case apierrors.IsNotFound(err):
-		return fmt.Errorf("%w: pod %s is gone", driver.ErrDestroyed, sb.pod)
-	case err != nil:
-		return fmt.Errorf("claim pod %s: %w", sb.pod, sb.d.mapErr(err))
+	pods := sb.d.client.CoreV1().Pods(sb.d.opts.Namespace)
+	// A conflict is another replica's claim, or only the kubelet's status
+	// update since the pod was read: read it again and claim it while it
+	// is still warm.
+	for attempt := 0; ; attempt++ {
+		if pod.Labels[LabelState] != StateWarm || pod.DeletionTimestamp != nil {
+			if pod.Labels[LabelOwner] != sb.d.opts.Replica || pod.DeletionTimestamp != nil {
+				sb.loseClaim()
+			}
+			return fmt.Errorf("%w: pod %s was claimed by replica %s", driver.ErrInUse, sb.pod, pod.Labels[LabelOwner])
+		}
+		pod.Labels[LabelState] = StateClaimed
+		pod.Labels[LabelOwner] = sb.d.opts.Replica
+		pod.Labels[LabelWorkKey] = workKeyHash(workKey)
+		delete(pod.Labels, LabelPool)
+		pod.Annotations[AnnotationWorkKey] = workKey
+		updated, err := pods.Update(ctx, pod, metav1.UpdateOptions{})
+		switch {
+		case apierrors.IsConflict(err) && attempt < 5:
+			if pod, err = pods.Get(ctx, sb.pod, metav1.GetOptions{}); err != nil {
+				if apierrors.IsNotFound(err) {
+					return fmt.Errorf("%w: pod %s is gone", driver.ErrDestroyed, sb.pod)
+				}
+				return fmt.Errorf("claim pod %s: %w", sb.pod, sb.d.mapErr(err))
+			}
+			continue
+		case apierrors.IsConflict(err):
+			return fmt.Errorf("%w: pod %s keeps changing under its claim", driver.ErrInUse, sb.pod)
+		case apierrors.IsNotFound(err):
+			return fmt.Errorf("%w: pod %s is gone", driver.ErrDestroyed, sb.pod)
+		case err != nil:
+			return fmt.Errorf("claim pod %s: %w", sb.pod, sb.d.mapErr(err))
+		}
+		sb.setPod(updated)
+		return nil
 	}
-	sb.setPod(updated)
-	return nil
+}
+
+// claimedHere says whether the pod, as last read, is claimed by this
+// replica.
+func (sb *Sandbox) claimedHere() bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.podObj != nil && sb.podObj.Labels[LabelState] == StateClaimed && sb.podObj.Labels[LabelOwner] == sb.d.opts.Replica
+}
+
+// loseClaim records that another replica claimed the pod first: it is
+// that replica's now, so Destroy here only forgets it.
+func (sb *Sandbox) loseClaim() {
+	sb.mu.Lock()
+	sb.lost = true
+	sb.mu.Unlock()
 }
 
 // KillProcesses ends every process in the pod but its pid 1 (whatever
@@ -627,6 +673,13 @@ func (sb *Sandbox) Destroy(ctx context.Context, hooks ...driver.DestroyHook) err
 	sb.mu.Lock()
 	if sb.destroyed {
 		sb.mu.Unlock()
+		return nil
+	}
+	if sb.lost {
+		// Another replica's pod now: not ours to hook or delete.
+		sb.destroyed = true
+		sb.mu.Unlock()
+		sb.d.release(sb)
 		return nil
 	}
 	sb.mu.Unlock()

@@ -41,6 +41,24 @@ type Cluster struct {
 	procs      []proc
 	mu         sync.Mutex
 	kwokNode   string
+	// before[i] runs before procs[i] is stopped; after, once all are.
+	before map[int][]func()
+	after  []func()
+}
+
+func (c *Cluster) beforeStop(i int, fn func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.before == nil {
+		c.before = map[int][]func(){}
+	}
+	c.before[i] = append(c.before[i], fn)
+}
+
+func (c *Cluster) afterStop(fn func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.after = append(c.after, fn)
 }
 
 // Assets returns the binaries' directory, or why tests must skip.
@@ -113,7 +131,10 @@ func Start(ctx context.Context, assets, dir string) (*Cluster, error) {
 		"--authorization-mode", "RBAC", "--service-account-issuer", "https://hangar.test",
 		"--service-account-key-file", keyFile, "--service-account-signing-key-file", keyFile,
 		"--service-cluster-ip-range", "10.0.0.0/24", "--disable-admission-plugins", "ServiceAccount",
-		"--enable-priority-and-fairness=false", "--v=0"); err != nil {
+		"--enable-priority-and-fairness=false",
+		// A real node registers its name (not resolvable here) and
+		// 127.0.0.1: exec and logs reach its kubelet at the address.
+		"--kubelet-preferred-address-types=InternalIP", "--v=0"); err != nil {
 		return nil, err
 	}
 	c.Config = &rest.Config{
@@ -258,10 +279,18 @@ func (c *Cluster) StartKwok(ctx context.Context, assets, node string, extraStage
 // Stop ends the processes it started, the last started first.
 func (c *Cluster) Stop() {
 	c.mu.Lock()
-	procs := c.procs
-	c.procs = nil
+	procs, before, after := c.procs, c.before, c.after
+	c.procs, c.before, c.after = nil, nil, nil
 	c.mu.Unlock()
+	defer func() {
+		for _, fn := range after {
+			fn()
+		}
+	}()
 	for i := len(procs) - 1; i >= 0; i-- {
+		for _, fn := range before[i] {
+			fn()
+		}
 		p := procs[i]
 		_ = p.cmd.Process.Signal(os.Interrupt)
 		select {

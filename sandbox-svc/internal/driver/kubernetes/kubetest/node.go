@@ -1,12 +1,16 @@
 package kubetest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -67,7 +71,9 @@ state = %q
     conf_dir = %q
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
-`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock, image, filepath.Join(dir, "cni"))
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      Root = %q
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock, image, filepath.Join(dir, "cni"), filepath.Join(dir, "runc"))
 	if err := os.WriteFile(filepath.Join(dir, "containerd.toml"), []byte(containerd), 0o644); err != nil {
 		return err
 	}
@@ -81,6 +87,10 @@ state = %q
 	if err := c.run("containerd", "containerd-"+name, "--config", filepath.Join(dir, "containerd.toml")); err != nil {
 		return err
 	}
+	// Before containerd stops (the kubelet stopped first): its containers
+	// killed. After: whatever is left of them (shims, mounts, the bridge).
+	c.beforeStop(len(c.procs)-1, func() { killTasks(sock) })
+	c.afterStop(func() { cleanNode(dir, "hangar-cni0") })
 	if err := waitSocket(ctx, sock); err != nil {
 		return fmt.Errorf("containerd: %w (log %s)", err, filepath.Join(c.dir, "containerd-"+name+".log"))
 	}
@@ -162,4 +172,44 @@ func waitSocket(ctx context.Context, sock string) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// killTasks kills every container task containerd at sock runs.
+func killTasks(sock string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ctr", "--address", sock, "-n", "k8s.io", "tasks", "ls", "-q").Output()
+	if err != nil {
+		return
+	}
+	for _, id := range strings.Fields(string(out)) {
+		_ = exec.CommandContext(ctx, "ctr", "--address", sock, "-n", "k8s.io", "tasks", "kill", "-a", "-s", "SIGKILL", id).Run()
+	}
+	for _, id := range strings.Fields(string(out)) {
+		_ = exec.CommandContext(ctx, "ctr", "--address", sock, "-n", "k8s.io", "tasks", "delete", "-f", id).Run()
+	}
+}
+
+// cleanNode ends the processes still naming the node's directory (the
+// containerd shims), unmounts what is mounted under it and deletes the
+// CNI bridge.
+func cleanNode(dir, bridge string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range procs {
+		b, err := os.ReadFile(f)
+		if err != nil || !bytes.Contains(b, []byte(dir)) {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f))); err == nil && pid != os.Getpid() {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	lines := strings.Split(string(mounts), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if f := strings.Fields(lines[i]); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
+			_ = syscall.Unmount(f[1], syscall.MNT_DETACH)
+		}
+	}
+	_ = exec.Command("ip", "link", "delete", bridge).Run()
 }
