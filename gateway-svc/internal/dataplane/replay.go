@@ -117,7 +117,11 @@ func (h *Handler) checkStep(ctx context.Context, w http.ResponseWriter, c *call,
 			Expected: taped.GetRequest().GetPath(), Actual: c.path}, false
 	}
 	canon := replay.Canon{TapeSession: h.tapeSession(ctx, rp.GetTapeRun()), Session: c.run.GetSession()}
-	return taped, replay.CompareCanon(c.p, canon, taped.GetRequest().GetBody(), c.step.Request.Body), false
+	if d := replay.CompareCanon(c.p, canon, taped.GetRequest().GetBody(), c.step.Request.Body); d != nil {
+		return taped, d, false
+	}
+	// The request matches; the work tree the tools left must too.
+	return taped, replay.CompareTree(taped.GetTreeHash(), c.step.TreeHash), false
 }
 
 // tapeSession is the session the taped run belonged to ("" when unknown).

@@ -119,3 +119,26 @@ func TestCanonicalisation(t *testing.T) {
 		})
 	}
 }
+
+func TestCompareTree(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, taped, replayed string
+		diverged              bool
+	}{
+		{"same", "4b825dc", "4b825dc", false},
+		{"differs", "4b825dc", "9f3a2e1", true},
+		{"not taped", "", "9f3a2e1", false},
+		{"not taken", "4b825dc", "", false},
+	}
+	for _, tc := range tests {
+		d := replay.CompareTree(tc.taped, tc.replayed)
+		if (d != nil) != tc.diverged {
+			t.Errorf("%s: %v", tc.name, d)
+			continue
+		}
+		if d != nil && (d.GetKind() != gatewayv1.DivergenceKind_DIVERGENCE_KIND_TREE || d.GetExpected() != tc.taped || d.GetActual() != tc.replayed) {
+			t.Errorf("%s: %v", tc.name, d)
+		}
+	}
+}
