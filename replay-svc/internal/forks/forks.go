@@ -82,6 +82,7 @@ type Sessions interface {
 	SendMessage(ctx context.Context, in *sessionv1.SendMessageRequest, opts ...grpcCallOption) (*sessionv1.SendMessageResponse, error)
 	GetTurn(ctx context.Context, in *sessionv1.GetTurnRequest, opts ...grpcCallOption) (*sessionv1.GetTurnResponse, error)
 	WaitForTurn(ctx context.Context, in *sessionv1.WaitForTurnRequest, opts ...grpcCallOption) (sessionv1.SessionService_WaitForTurnClient, error)
+	GetHarnessLock(ctx context.Context, in *sessionv1.GetHarnessLockRequest, opts ...grpcCallOption) (*sessionv1.GetHarnessLockResponse, error)
 }
 
 // Options configures a Manager.
@@ -174,9 +175,6 @@ func (m *Manager) Validate(req *replayv1.ForkRunRequest) (Fork, error) {
 	if req.GetWaitSeconds() < 0 {
 		return f, fault.InvalidArgument("wait_seconds", "wait_seconds must be 0 or more, got %d", req.GetWaitSeconds())
 	}
-	if f.PinSet != "" {
-		return f, fault.Unimplemented("pin_set needs harness locks, which are not supported yet: fork without pin_set to continue on the run's own harness")
-	}
 	return f, nil
 }
 
@@ -229,6 +227,15 @@ func (m *Manager) Start(ctx context.Context, in Fork) (*replayv1.Fork, error) {
 	}
 	if Prompt(tape.GetSteps()[0]) == "" {
 		return nil, fault.FailedPrecondition("TAPE_WITHOUT_PROMPT", "the first request on run %s's tape holds no user prompt to start the replay with", r.GetId())
+	}
+	if in.PinSet != "" {
+		// The pin set's lock, at the revision it has now: the trials are
+		// thawed from that revision even after a restart.
+		lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: in.PinSet})
+		if err != nil {
+			return nil, pinSetError(in.PinSet, err)
+		}
+		f.PinSet = lock.GetLock().GetRef()
 	}
 	if _, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: r.GetSession()}); err != nil {
 		if fault.Status(err).Code() == codes.NotFound {
@@ -539,6 +546,49 @@ func prefixAttempt(fork, name string) int {
 	return n
 }
 
+// pinSetError is the answer to a pin_set whose lock cannot be read: the
+// session service's refusal (NotFound, InvalidArgument, FailedPrecondition)
+// with the field named, anything else as is.
+func pinSetError(pinSet string, err error) error {
+	st := fault.Status(err)
+	msg := fmt.Sprintf("pin_set %q: %s", pinSet, st.Message())
+	switch st.Code() {
+	case codes.NotFound:
+		return fault.NotFound("PIN_SET_NOT_FOUND", "%s", msg)
+	case codes.InvalidArgument:
+		return fault.InvalidArgument("pin_set", "%s", msg)
+	case codes.FailedPrecondition:
+		return fault.FailedPrecondition("PIN_SET_UNUSABLE", "%s", msg)
+	}
+	return fmt.Errorf("read harness lock %s: %w", pinSet, err)
+}
+
+// trialMessage is the first message of f's trials: ContinueMessage, or,
+// for a pin set on another harness than the run's (which has no
+// conversation to continue), the run's prompt with a note that the work
+// tree holds the work so far.
+func (m *Manager) trialMessage(ctx context.Context, f *replayv1.Fork) (string, error) {
+	if f.GetPinSet() == "" {
+		return ContinueMessage, nil
+	}
+	lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: f.GetPinSet()})
+	if err != nil {
+		return "", fmt.Errorf("read harness lock %s: %w", f.GetPinSet(), err)
+	}
+	if replayable[f.GetHarness()] == lock.GetLock().GetHarness() {
+		return ContinueMessage, nil
+	}
+	tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
+	if err != nil || len(tape.GetSteps()) == 0 {
+		return "", fmt.Errorf("read the tape of %s: %w", f.GetRun(), err)
+	}
+	return Prompt(tape.GetSteps()[0]) + "\n\n" + HandoffNote, nil
+}
+
+// HandoffNote follows the run's prompt in a trial on another harness than
+// the run's.
+const HandoffNote = "The work tree already holds the work done so far on this task by another agent: continue from where it stopped."
+
 // trialSession is the session trial n of fork runs in.
 func trialSession(fork string, n int) string { return fork + "-" + strconv.Itoa(n) }
 
@@ -557,13 +607,18 @@ func (m *Manager) startTrials(ctx context.Context, f *replayv1.Fork) error {
 	for len(missing) > 0 {
 		batch := missing[:min(len(missing), forkMaxPerCall)]
 		err := m.retry(ctx, func() error {
-			_, err := m.o.Sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: f.GetPrefixSession(), N: int32(len(batch)), Names: batch})
+			_, err := m.o.Sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: f.GetPrefixSession(), N: int32(len(batch)), Names: batch,
+				HarnessLock: f.GetPinSet()})
 			return err
 		})
 		if err != nil {
 			return stage("forking the prefix session for the trials", err)
 		}
 		missing = missing[len(batch):]
+	}
+	message, err := m.trialMessage(ctx, f)
+	if err != nil {
+		return stage("reading the pin set", err)
 	}
 	b := f.GetBudget()
 	for i, t := range f.GetTrials() {
@@ -574,7 +629,7 @@ func (m *Manager) startTrials(ctx context.Context, f *replayv1.Fork) error {
 		t.Divergence = f.GetDivergence()
 		var turn *sessionv1.Turn
 		err := m.retry(ctx, func() error {
-			resp, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: t.GetSession(), Message: ContinueMessage,
+			resp, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: t.GetSession(), Message: message,
 				Budget: &sessionv1.Budget{MaxCostUsd: b.GetMaxCostUsd(), MaxTokens: b.GetMaxTokens(), MaxMinutes: b.GetMaxMinutes()}})
 			turn = resp.GetTurn()
 			return err
