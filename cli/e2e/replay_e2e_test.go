@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -236,6 +237,7 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 	if len(sessionsSeen) != 2 {
 		t.Errorf("trials ran in %d sessions, want 2", len(sessionsSeen))
 	}
+	s.checkSealed(t, f)
 	got, err := s.replay.GetTrial(ctx, &replayv1.GetTrialRequest{Trial: f.GetTrialIds()[0]})
 	if err != nil || got.GetTrial().GetFork() != f.GetFork() {
 		t.Errorf("get trial: %v %v", got, err)
@@ -283,6 +285,72 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 	second := s.waitTurn(t, name, 2)
 	if _, err := s.replay.ForkRun(ctx, &replayv1.ForkRunRequest{Run: second.GetRunId(), AtSeq: 1}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "first run") {
 		t.Errorf("fork of a second turn's run: %v", err)
+	}
+}
+
+// checkSealed: the replay's sandboxes (the prefix session's, copied for
+// the trials) are in the sealed replay environment: egress none, none of
+// the environment's variables. From one, a port on the host is out of
+// reach (the recorded run's environment has egress full: it reaches it)
+// while the gateway answers through the relay.
+func (s *replayStack) checkSealed(t *testing.T, f *replayv1.Fork) {
+	t.Helper()
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("host-reached\n"))
+			_ = c.Close()
+		}
+	}()
+	tr := f.GetTrials()[0]
+	sess := s.get(t, tr.GetSession())
+	if sess.GetEnvironment() != "e2e-replay" {
+		t.Errorf("trial %s runs in environment %q, want e2e-replay", tr.GetId(), sess.GetEnvironment())
+	}
+	if sess.GetSandboxId() == "" {
+		if _, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: tr.GetSession()}); err != nil {
+			t.Fatalf("open %s: %v", tr.GetSession(), err)
+		}
+		sess = s.get(t, tr.GetSession())
+	}
+	run, err := s.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: tr.GetRun()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	if out, code := s.exec(t, sess.GetSandboxId(), fmt.Sprintf("curl -sS -m 5 http://127.0.0.1:%d/ || curl -sS -m 5 http://10.255.255.1/", port)); code == 0 || strings.Contains(out, "host-reached") {
+		t.Errorf("a replay sandbox reached the host: code %d %q", code, out)
+	}
+	if out, code := s.exec(t, sess.GetSandboxId(), "curl -sS -m 10 -o /dev/null -w '%{http_code}' -I "+run.GetRun().GetAnthropicBaseUrl()+"/"); code != 0 {
+		t.Errorf("a replay sandbox could not reach the gateway at %s: code %d %q", run.GetRun().GetAnthropicBaseUrl(), code, out)
+	}
+	env, err := s.sandboxes.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: "e2e-replay"})
+	if err != nil || env.GetEnvironment().GetEgress() != sandboxv1.Egress_EGRESS_NONE || len(env.GetEnvironment().GetEnv()) != 0 {
+		t.Errorf("replay environment: %v %v", env, err)
+	}
+	// The recorded run's own environment reaches the host.
+	rec := run.GetRun()
+	if src, err := s.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: tr.GetForkOf()}); err == nil {
+		rec = src.GetRun()
+	}
+	sb := s.get(t, rec.GetSession()).GetSandboxId()
+	if sb == "" {
+		if _, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: rec.GetSession()}); err != nil {
+			t.Fatalf("open %s: %v", rec.GetSession(), err)
+		}
+		sb = s.get(t, rec.GetSession()).GetSandboxId()
+	}
+	if out, code := s.exec(t, sb, fmt.Sprintf("curl -sS -m 5 http://127.0.0.1:%d/", port)); code != 0 || !strings.Contains(out, "host-reached") {
+		t.Errorf("the recorded run's sandbox (%s) did not reach the host: code %d %q", rec.GetSession(), code, out)
 	}
 }
 

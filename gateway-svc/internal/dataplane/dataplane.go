@@ -341,6 +341,11 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 	}
 
 	upBody := body
+	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" {
+		// Live after a replayed prefix: the calls with outside effects the
+		// prefix made are shown to the model with the tape's outputs.
+		upBody = h.answerFromTape(ctx, c, rp, upBody)
+	}
 	if msgs, err := h.o.Runs.TakeSteering(ctx, run.GetId()); err == nil && len(msgs) > 0 {
 		if b, err := injectSteering(p, upBody, msgs); err == nil {
 			upBody = b

@@ -37,6 +37,7 @@ import (
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	replayv1 "github.com/hangar-dev/hangar/api/hangar/replay/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
 )
@@ -85,12 +86,22 @@ type Sessions interface {
 	GetHarnessLock(ctx context.Context, in *sessionv1.GetHarnessLockRequest, opts ...grpcCallOption) (*sessionv1.GetHarnessLockResponse, error)
 }
 
+// Environments is the part of sandbox-svc a fork uses: the replay
+// environment is derived from the run's.
+type Environments interface {
+	GetEnvironment(ctx context.Context, in *sandboxv1.GetEnvironmentRequest, opts ...grpcCallOption) (*sandboxv1.GetEnvironmentResponse, error)
+	ApplyEnvironment(ctx context.Context, in *sandboxv1.ApplyEnvironmentRequest, opts ...grpcCallOption) (*sandboxv1.ApplyEnvironmentResponse, error)
+}
+
 // Options configures a Manager.
 type Options struct {
 	Store    Store
 	Gateway  Gateway
 	Sessions Sessions
-	Logger   *slog.Logger
+	// Environments makes the sealed replay environments; nil replays in
+	// the run's own environment (tests of the bookkeeping only).
+	Environments Environments
+	Logger       *slog.Logger
 	// MaxContinuations bounds continuations (at most 10).
 	MaxContinuations int
 	// Settle bounds how long a prefix or a trial is waited for before the
@@ -436,9 +447,13 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 			return stage("arming the gateway for the prefix session", err)
 		}
 		s := src.GetSession()
+		env, err := m.replayEnvironment(ctx, s.GetEnvironment())
+		if err != nil {
+			return stage("making the replay environment", err)
+		}
 		if err := m.retryUnavailable(ctx, func() error {
 			_, err := m.o.Sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
-				Name: prefix, Environment: s.GetEnvironment(), Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
+				Name: prefix, Environment: env, Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
 				BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetRun().GetModel(),
 				// The taped steps make no model call; the budget only
 				// bounds what a broken replay could spend.
@@ -544,6 +559,53 @@ func prefixAttempt(fork, name string) int {
 		return 1
 	}
 	return n
+}
+
+// ReplayEnvironment is the name of the sealed environment the replays of
+// env's runs use.
+func ReplayEnvironment(env string) string {
+	const suffix = "-replay"
+	if strings.HasSuffix(env, suffix) {
+		return env
+	}
+	if len(env)+len(suffix) > 63 {
+		env = strings.TrimRight(env[:63-len(suffix)], "-")
+	}
+	return env + suffix
+}
+
+// replayEnvironment applies the sealed copy of environment env and returns
+// its name: the same repository, base, setup, image, driver and resources,
+// egress none (the sandbox reaches the gateway through its relay and
+// nothing else), none of env's variables (where its secrets are) and no
+// warm pool.
+func (m *Manager) replayEnvironment(ctx context.Context, env string) (string, error) {
+	if m.o.Environments == nil {
+		return env, nil
+	}
+	var src *sandboxv1.Environment
+	if err := m.retryUnavailable(ctx, func() error {
+		resp, err := m.o.Environments.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: env})
+		src = resp.GetEnvironment()
+		return err
+	}); err != nil {
+		return "", fmt.Errorf("get environment %s: %w", env, err)
+	}
+	if src.GetEgress() == sandboxv1.Egress_EGRESS_NONE && len(src.GetEnv()) == 0 && src.GetWarmPoolSize() == 0 {
+		return env, nil
+	}
+	sealed := &sandboxv1.Environment{
+		Name: ReplayEnvironment(env), Repository: src.GetRepository(), BaseRef: src.GetBaseRef(), Setup: src.GetSetup(),
+		Egress: sandboxv1.Egress_EGRESS_NONE, Resources: src.GetResources(), Driver: src.GetDriver(), Image: src.GetImage(),
+		CacheTtl: src.GetCacheTtl(),
+	}
+	if err := m.retryUnavailable(ctx, func() error {
+		_, err := m.o.Environments.ApplyEnvironment(ctx, &sandboxv1.ApplyEnvironmentRequest{Environment: sealed})
+		return err
+	}); err != nil {
+		return "", fmt.Errorf("apply environment %s: %w", sealed.GetName(), err)
+	}
+	return sealed.GetName(), nil
 }
 
 // pinSetError is the answer to a pin_set whose lock cannot be read: the
