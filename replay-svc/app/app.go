@@ -78,8 +78,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		return nil, err
 	}
 	a.forks = forks.New(forks.Options{
-		Store:            records,
-		Environments:     sandboxv1.NewSandboxServiceClient(sandboxConn),
+		Store:        records,
+		Environments: sandboxv1.NewSandboxServiceClient(sandboxConn),
+		Jobs:         sessionv1.NewJobServiceClient(sessionConn),
+		Checks: forks.SandboxChecks{Sessions: sessionv1.NewSessionServiceClient(sessionConn),
+			Sandboxes: sandboxv1.NewSandboxServiceClient(sandboxConn)},
 		Gateway:          gatewayv1.NewGatewayServiceClient(gatewayConn),
 		Sessions:         sessionv1.NewSessionServiceClient(sessionConn),
 		Logger:           logger.With("service", Name),

@@ -93,6 +93,17 @@ type Environments interface {
 	ApplyEnvironment(ctx context.Context, in *sandboxv1.ApplyEnvironmentRequest, opts ...grpcCallOption) (*sandboxv1.ApplyEnvironmentResponse, error)
 }
 
+// Jobs is the part of session-svc's job service A/A uses.
+type Jobs interface {
+	ListJobs(ctx context.Context, in *sessionv1.ListJobsRequest, opts ...grpcCallOption) (*sessionv1.ListJobsResponse, error)
+}
+
+// Checks runs a job's check (a shell command) in a session's sandbox and
+// returns its exit code.
+type Checks interface {
+	Check(ctx context.Context, session, check string) (int, error)
+}
+
 // Options configures a Manager.
 type Options struct {
 	Store    Store
@@ -101,7 +112,11 @@ type Options struct {
 	// Environments makes the sealed replay environments; nil replays in
 	// the run's own environment (tests of the bookkeeping only).
 	Environments Environments
-	Logger       *slog.Logger
+	// Jobs finds the best-of-N job a forked run was an attempt of, and
+	// Checks runs its check on a trial (A/A); either nil: no aa.
+	Jobs   Jobs
+	Checks Checks
+	Logger *slog.Logger
 	// MaxContinuations bounds continuations (at most 10).
 	MaxContinuations int
 	// Settle bounds how long a prefix or a trial is waited for before the
@@ -828,6 +843,76 @@ func (m *Manager) follow(ctx context.Context, id string) {
 		if turn.GetRunId() != "" {
 			t.Run = turn.GetRunId()
 		}
+		if aa, ok := m.aa(ctx, t); ok {
+			t.Aa = proto.Bool(aa)
+		}
 	}
 	m.saveTrial(ctx, t)
+}
+
+// aa is the A/A result of an ended trial: when its prefix was clean, it ran
+// the run's own harness and the run was an attempt of a best-of-N job with
+// a check, whether the job's check gives the same result (passes or fails)
+// on the trial as it gave on the original attempt. A trial that did not
+// complete fails the check. ok is false when no A/A applies or the check
+// could not be run.
+func (m *Manager) aa(ctx context.Context, t *replayv1.Trial) (aa, ok bool) {
+	if m.o.Jobs == nil || m.o.Checks == nil || t.GetDivergence() != nil {
+		return false, false
+	}
+	f, err := m.o.Store.GetFork(ctx, t.GetFork())
+	if err != nil || f.GetDivergence() != nil {
+		return false, false
+	}
+	if f.GetPinSet() != "" {
+		lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: f.GetPinSet()})
+		if err != nil || lock.GetLock().GetHarness() != replayable[f.GetHarness()] {
+			return false, false
+		}
+	}
+	run, err := m.o.Gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: f.GetRun()})
+	if err != nil {
+		return false, false
+	}
+	job, attempt := m.jobOf(ctx, run.GetRun().GetSession())
+	if job == nil {
+		return false, false
+	}
+	original := attempt.GetOutcome() == sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED && attempt.GetCheckExitCode() == 0
+	passed := false
+	if t.GetOutcome() == replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED {
+		code, err := m.o.Checks.Check(ctx, t.GetSession(), job.GetCheck())
+		if err != nil {
+			m.o.Logger.WarnContext(ctx, "A/A check not run", "trial", t.GetId(), "job", job.GetId(), "error", err)
+			return false, false
+		}
+		passed = code == 0
+	}
+	return passed == original, true
+}
+
+// jobOf is the best-of-N job with a check that session was a checked
+// attempt of, and that attempt (nil when none).
+func (m *Manager) jobOf(ctx context.Context, session string) (*sessionv1.Job, *sessionv1.Attempt) {
+	token := ""
+	for range 100 {
+		resp, err := m.o.Jobs.ListJobs(ctx, &sessionv1.ListJobsRequest{PageSize: 100, PageToken: token})
+		if err != nil {
+			return nil, nil
+		}
+		for _, j := range resp.GetJobs() {
+			if j.GetStrategy() != sessionv1.JobStrategy_JOB_STRATEGY_BEST_OF_N || j.GetCheck() == "" {
+				continue
+			}
+			for _, a := range j.GetAttempts() {
+				if a.GetSession() == session && (a.GetCheckExitCode() >= 0 || a.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED) {
+					return j, a
+				}
+			}
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			return nil, nil
+		}
+	}
+	return nil, nil
 }
