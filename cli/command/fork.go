@@ -45,6 +45,7 @@ func runForkCommand(streams Streams, lookupEnv func(string) (string, bool)) *cob
 	var (
 		at, k        int32
 		onDivergence string
+		pinSet       string
 		maxCost      float64
 		wait         bool
 		waitSeconds  int32
@@ -60,7 +61,7 @@ func runForkCommand(streams Streams, lookupEnv func(string) (string, bool)) *cob
 			if err := output.check(); err != nil {
 				return err
 			}
-			req := &replayv1.ForkRunRequest{Run: args[0], AtSeq: at, Continuations: proto.Int32(k), WaitSeconds: waitSeconds}
+			req := &replayv1.ForkRunRequest{Run: args[0], AtSeq: at, Continuations: proto.Int32(k), WaitSeconds: waitSeconds, PinSet: pinSet}
 			switch strings.ToLower(onDivergence) {
 			case "", "stop":
 				req.OnDivergence = replayv1.OnDivergence_ON_DIVERGENCE_STOP
@@ -111,6 +112,7 @@ func runForkCommand(streams Streams, lookupEnv func(string) (string, bool)) *cob
 	int32Flag(cmd.Flags(), &k, "continuations", "k", 1, 0, 10, "live continuations (trials), 0 only verifies the prefix")
 	cmd.Flags().StringVar(&onDivergence, "on-divergence", "stop", "at a divergence: stop (the trials end) or live (they go on live)")
 	cmd.Flags().Float64Var(&maxCost, "max-cost-usd", 5, "each continuation's budget")
+	cmd.Flags().StringVar(&pinSet, "pin-set", "", "continue the trials thawed from this harness lock (NAME@rN; the prefix replays on the run's harness)")
 	cmd.Flags().BoolVarP(&wait, "wait", "w", false, "wait for the prefix and every trial to end")
 	int32Flag(cmd.Flags(), &waitSeconds, "wait-seconds", "", 0, 0, math.MaxInt32, "answer once the prefix settled or after this long (0: at once)")
 	_ = cmd.MarkFlagRequired("at")

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -29,12 +30,16 @@ import (
 // replaySteps is how many tool steps the recorded run makes.
 const replaySteps = 6
 
-// replayStepCmd is tool step k: it appends a line naming the session that
-// ran it (the sandbox directory is named after the session) and prints the
-// same thing in every session.
+// replayStepCmd is tool step k: it appends the same line and prints the
+// same thing in every session (so a replay leaves the work tree the run
+// left: no tree divergence).
 func replayStepCmd(k int) string {
-	return fmt.Sprintf(`echo "step %d $(basename "$(dirname "$PWD")")" >> steps.txt && echo step-%d-done`, k, k)
+	return fmt.Sprintf(`echo "step %d" >> steps.txt && echo step-%d-done`, k, k)
 }
+
+// replayNoiseCmd writes random bytes and prints the same thing every time:
+// a replay's tool output matches, its work tree does not.
+const replayNoiseCmd = `head -c 32 /dev/urandom > noise.bin && echo noise-done`
 
 // replayTrialCmd is a trial's own work: it names its session (the sandbox
 // directory is named after it), so each trial's tree differs.
@@ -53,10 +58,12 @@ func replayScript() scripted.Script {
 			scripted.Rule{Name: c.tool + "-trial-done", Tool: c.tool, ToolResult: "trial-done", Answer: scripted.Answer{Text: "Trial done."}},
 			scripted.Rule{Name: c.tool + "-steps-done", Tool: c.tool, ToolResult: fmt.Sprintf("step-%d-done", replaySteps), Answer: scripted.Answer{Text: "All steps done."}},
 			scripted.Rule{Name: c.tool + "-clock-done", Tool: c.tool, ToolResult: "clock-", Answer: scripted.Answer{Text: "Clock read."}},
+			scripted.Rule{Name: c.tool + "-noise-done", Tool: c.tool, ToolResult: "noise-done", Answer: scripted.Answer{Text: "Noise written."}},
 			// A continuation: the trial's own task (whatever the last input).
 			scripted.Rule{Name: c.tool + "-continue", Tool: c.tool, Prompt: "(?i)continue from where you stopped", Answer: call(replayTrialCmd)},
 			scripted.Rule{Name: c.tool + "-step-1", Tool: c.tool, Prompt: "(?i)replay task", LastIsToolResult: scripted.Bool(false), Answer: call(replayStepCmd(1))},
 			scripted.Rule{Name: c.tool + "-clock", Tool: c.tool, Prompt: "(?i)clock task", LastIsToolResult: scripted.Bool(false), Answer: call(`echo clock-$(date +%s%N)`)},
+			scripted.Rule{Name: c.tool + "-noise", Tool: c.tool, Prompt: "(?i)noise task", LastIsToolResult: scripted.Bool(false), Answer: call(replayNoiseCmd)},
 		)
 		for k := 2; k <= replaySteps; k++ {
 			rules = append(rules, scripted.Rule{Name: fmt.Sprintf("%s-step-%d", c.tool, k), Tool: c.tool, ToolResult: fmt.Sprintf("step-%d-done", k-1), Answer: call(replayStepCmd(k))})
@@ -72,8 +79,18 @@ type replayStack struct {
 
 func replayStart(t *testing.T) *replayStack {
 	t.Helper()
+	return replayStartWith(t, nil)
+}
+
+// replayStartWith is replayStart with more settings.
+func replayStartWith(t *testing.T, vars map[string]string) *replayStack {
+	t.Helper()
 	script := replayScript()
-	s := startStack(t, stackOptions{script: &script, vars: map[string]string{"HANGAR_CACHE_STAGGER_SECONDS": "0"}})
+	all := map[string]string{"HANGAR_CACHE_STAGGER_SECONDS": "0"}
+	for k, v := range vars {
+		all[k] = v
+	}
+	s := startStack(t, stackOptions{script: &script, vars: all})
 	s.applyEnvironment(t, "e2e", gitRepo(t, nil), 0, sandboxv1.Egress_EGRESS_FULL)
 	conn, err := client.Endpoint{URL: s.env["HANGAR_URL"], Token: s.env["HANGAR_TOKEN"]}.Dial()
 	if err != nil {
@@ -168,6 +185,12 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 	if got := s.mustExec(t, s.get(t, name).GetSandboxId(), "cat steps.txt"); strings.Count(got, "step ") != replaySteps {
 		t.Fatalf("recorded run's steps.txt:\n%s", got)
 	}
+	// Every step of the run has the work tree's hash on the tape.
+	for _, st := range steps {
+		if st.GetTreeHash() == "" {
+			t.Errorf("step %d of %s has no tree hash", st.GetSeq(), run)
+		}
+	}
 	at := toolStepSeq(t, steps, 3)
 
 	// Fork at step 3, two continuations: a clean prefix, both trials live.
@@ -199,10 +222,14 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 		// Claude Code sends the continuation beside step 3's tool result
 		// (the script answers with step 4); Codex and pi as a message of
 		// its own (the script answers with the trial task, trial.txt).
+		// The base commit has no steps.txt: steps 1-3 are the replay's;
+		// what follows is the trial's own (Claude Code: steps 4-6;
+		// Codex and pi: trial.txt, which names the trial's session).
 		got := s.mustExec(t, sb, "cat steps.txt; cat trial.txt 2>/dev/null; true")
-		want := fmt.Sprintf("step 1 %[1]s\nstep 2 %[1]s\nstep 3 %[1]s\n", f.GetPrefixSession())
-		if !strings.HasPrefix(got, want) || !strings.Contains(strings.TrimPrefix(got, want), tr.GetSession()) || strings.Count(got, f.GetPrefixSession()) != 3 {
-			t.Errorf("trial %s's steps.txt and trial.txt:\n%s\nwant steps 1-3 of %s, then work of %s", tr.GetId(), got, f.GetPrefixSession(), tr.GetSession())
+		want := "step 1\nstep 2\nstep 3\n"
+		own := strings.TrimPrefix(got, want)
+		if !strings.HasPrefix(got, want) || !(strings.HasPrefix(own, "step 4\n") || strings.Contains(own, tr.GetSession())) {
+			t.Errorf("trial %s's steps.txt and trial.txt:\n%s\nwant steps 1-3, then work of %s", tr.GetId(), got, tr.GetSession())
 		}
 		// The trial's run went live: its tape's answers came from upstream.
 		tape, err := s.gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: tr.GetRun()})
@@ -213,6 +240,7 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 	if len(sessionsSeen) != 2 {
 		t.Errorf("trials ran in %d sessions, want 2", len(sessionsSeen))
 	}
+	s.checkSealed(t, f)
 	got, err := s.replay.GetTrial(ctx, &replayv1.GetTrialRequest{Trial: f.GetTrialIds()[0]})
 	if err != nil || got.GetTrial().GetFork() != f.GetFork() {
 		t.Errorf("get trial: %v %v", got, err)
@@ -234,6 +262,25 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 		t.Errorf("clock replay: %v (%s), divergence %v", c.GetStatus(), c.GetStatusReason(), c.GetDivergence())
 	}
 
+	// A step that writes random bytes and prints the same: the tool
+	// output matches, the work tree the step left does not: a tree
+	// divergence at the request that follows the step.
+	nrun, nsteps := s.record(t, "noise-"+hname, h, "Please do the noise task.")
+	after := int32(0)
+	for _, st := range nsteps {
+		if strings.Contains(string(st.GetRequest().GetBody()), "noise-done") {
+			after = st.GetSeq()
+			break
+		}
+	}
+	if after == 0 {
+		t.Fatalf("no request of %s carries the noise step's output", nrun)
+	}
+	n := s.fork(t, &replayv1.ForkRunRequest{Run: nrun, AtSeq: int32(len(nsteps)), Continuations: proto.Int32(0)})
+	if n.GetStatus() != replayv1.ForkStatus_FORK_STATUS_DIVERGED || n.GetDivergence().GetKind() != replayv1.DivergenceKind_DIVERGENCE_KIND_TREE || n.GetDivergence().GetSeq() != after {
+		t.Errorf("noise replay: %v (%s), divergence %v, want tree at %d", n.GetStatus(), n.GetStatusReason(), n.GetDivergence(), after)
+	}
+
 	// A second turn's run is refused.
 	if _, err := s.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: name, Message: "Please do the clock task."}); err != nil {
 		t.Fatal(err)
@@ -241,6 +288,72 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 	second := s.waitTurn(t, name, 2)
 	if _, err := s.replay.ForkRun(ctx, &replayv1.ForkRunRequest{Run: second.GetRunId(), AtSeq: 1}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "first run") {
 		t.Errorf("fork of a second turn's run: %v", err)
+	}
+}
+
+// checkSealed: the replay's sandboxes (the prefix session's, copied for
+// the trials) are in the sealed replay environment: egress none, none of
+// the environment's variables. From one, a port on the host is out of
+// reach (the recorded run's environment has egress full: it reaches it)
+// while the gateway answers through the relay.
+func (s *replayStack) checkSealed(t *testing.T, f *replayv1.Fork) {
+	t.Helper()
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("host-reached\n"))
+			_ = c.Close()
+		}
+	}()
+	tr := f.GetTrials()[0]
+	sess := s.get(t, tr.GetSession())
+	if sess.GetEnvironment() != "e2e-replay" {
+		t.Errorf("trial %s runs in environment %q, want e2e-replay", tr.GetId(), sess.GetEnvironment())
+	}
+	if sess.GetSandboxId() == "" {
+		if _, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: tr.GetSession()}); err != nil {
+			t.Fatalf("open %s: %v", tr.GetSession(), err)
+		}
+		sess = s.get(t, tr.GetSession())
+	}
+	run, err := s.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: tr.GetRun()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	if out, code := s.exec(t, sess.GetSandboxId(), fmt.Sprintf("curl -sS --http0.9 -m 5 http://127.0.0.1:%d/ || curl -sS -m 5 http://10.255.255.1/", port)); code == 0 || strings.Contains(out, "host-reached") {
+		t.Errorf("a replay sandbox reached the host: code %d %q", code, out)
+	}
+	if out, code := s.exec(t, sess.GetSandboxId(), "curl -sS -m 10 -o /dev/null -w '%{http_code}' -I "+run.GetRun().GetAnthropicBaseUrl()+"/"); code != 0 {
+		t.Errorf("a replay sandbox could not reach the gateway at %s: code %d %q", run.GetRun().GetAnthropicBaseUrl(), code, out)
+	}
+	env, err := s.sandboxes.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: "e2e-replay"})
+	if err != nil || env.GetEnvironment().GetEgress() != sandboxv1.Egress_EGRESS_NONE || len(env.GetEnvironment().GetEnv()) != 0 {
+		t.Errorf("replay environment: %v %v", env, err)
+	}
+	// The recorded run's own environment reaches the host.
+	rec := run.GetRun()
+	if src, err := s.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: tr.GetForkOf()}); err == nil {
+		rec = src.GetRun()
+	}
+	sb := s.get(t, rec.GetSession()).GetSandboxId()
+	if sb == "" {
+		if _, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: rec.GetSession()}); err != nil {
+			t.Fatalf("open %s: %v", rec.GetSession(), err)
+		}
+		sb = s.get(t, rec.GetSession()).GetSandboxId()
+	}
+	if out, code := s.exec(t, sb, fmt.Sprintf("curl -sS --http0.9 -m 5 http://127.0.0.1:%d/", port)); code != 0 || !strings.Contains(out, "host-reached") {
+		t.Errorf("the recorded run's sandbox (%s) did not reach the host: code %d %q", rec.GetSession(), code, out)
 	}
 }
 
@@ -258,7 +371,8 @@ func TestForkAtStepBadInput(t *testing.T) {
 		{&replayv1.ForkRunRequest{Run: run, AtSeq: int32(len(steps)) + 1}, codes.InvalidArgument, "at_seq"},
 		{&replayv1.ForkRunRequest{Run: run, AtSeq: -1}, codes.InvalidArgument, "at_seq"},
 		{&replayv1.ForkRunRequest{Run: run, AtSeq: 1, Continuations: proto.Int32(11)}, codes.InvalidArgument, "continuations"},
-		{&replayv1.ForkRunRequest{Run: run, AtSeq: 1, PinSet: "ps-1"}, codes.Unimplemented, "pin_set"},
+		// No HANGAR_HARNESS_REPO here: a pin set cannot be read.
+		{&replayv1.ForkRunRequest{Run: run, AtSeq: 1, PinSet: "team-default@r1"}, codes.FailedPrecondition, "pin_set"},
 	}
 	for _, c := range cases {
 		_, err := s.replay.ForkRun(ctx, c.req)
@@ -385,5 +499,59 @@ func TestForkAtStepRESTAndCLI(t *testing.T) {
 	}
 	if _, stderr, err := s.run(t, "", "trial", "get", "job-nope.1"); err == nil || !strings.Contains(err.Error()+stderr, "job-nope.1") {
 		t.Errorf("hangar trial get of an unknown trial: %v %s", err, stderr)
+	}
+}
+
+// TestForkAtStepPinSet: pin_set continues the trials with a harness lock's
+// harness, model and approval mode; the prefix replays on the run's own
+// harness either way. A lock on the run's harness continues the prefix's
+// conversation; one on another harness starts the trial on the run's
+// prompt over the rebuilt work tree. Locks that cannot be read are refused
+// naming pin_set.
+func TestForkAtStepPinSet(t *testing.T) {
+	s := replayStartWith(t, map[string]string{"HANGAR_HARNESS_REPO": harnessLockRepoOrSkip(t)})
+	ctx := context.Background()
+	run, steps := s.record(t, "pin-claude", sessionv1.Harness_HARNESS_CLAUDE, "Please do the replay task.")
+	at := toolStepSeq(t, steps, 3)
+	for _, c := range []struct {
+		pin, ref string
+		harness  sessionv1.Harness
+		model    string
+	}{
+		{"claude-ok", "claude-ok@r2", sessionv1.Harness_HARNESS_CLAUDE, "claude-sonnet-4-5"},
+		{"codex-ok@r2", "codex-ok@r2", sessionv1.Harness_HARNESS_CODEX, "gpt-5.5"},
+	} {
+		f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: at, Continuations: proto.Int32(1), PinSet: c.pin})
+		if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_FORKED || f.GetDivergence() != nil || f.GetPinSet() != c.ref || f.GetHarness() != "claude" {
+			t.Errorf("pin_set %s: %v (%s), divergence %v, pin_set %q, harness %q", c.pin, f.GetStatus(), f.GetStatusReason(), f.GetDivergence(), f.GetPinSet(), f.GetHarness())
+			continue
+		}
+		tr := f.GetTrials()[0]
+		if tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_ENDED || tr.GetOutcome() != replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED {
+			t.Errorf("pin_set %s: trial %v", c.pin, tr)
+			continue
+		}
+		sess := s.get(t, tr.GetSession())
+		if sess.GetHarness() != c.harness || sess.GetModel() != c.model || sess.GetHarnessLock() != c.ref {
+			t.Errorf("pin_set %s: trial session harness %v model %q lock %q", c.pin, sess.GetHarness(), sess.GetModel(), sess.GetHarnessLock())
+		}
+		// The trial's own run is on the lock's harness and model.
+		gr, err := s.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: tr.GetRun()})
+		if err != nil || gr.GetRun().GetHarness() != strings.ToLower(strings.TrimPrefix(c.harness.String(), "HARNESS_")) || gr.GetRun().GetModel() != c.model {
+			t.Errorf("pin_set %s: trial run %v %v", c.pin, gr.GetRun(), err)
+		}
+	}
+	for _, c := range []struct {
+		pin  string
+		code codes.Code
+	}{
+		{"nope@r1", codes.NotFound},
+		{"claude-ok@r9", codes.NotFound},
+		{"Not A Lock!", codes.InvalidArgument},
+	} {
+		_, err := s.replay.ForkRun(ctx, &replayv1.ForkRunRequest{Run: run, AtSeq: 1, PinSet: c.pin})
+		if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), "pin_set") || !strings.Contains(status.Convert(err).Message(), c.pin) {
+			t.Errorf("pin_set %q: %v, want %v naming pin_set and the lock", c.pin, err, c.code)
+		}
 	}
 }

@@ -16,11 +16,16 @@ import (
 	"google.golang.org/grpc"
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/openapi"
+	"github.com/hangar-dev/hangar/api/sandboxexec"
+	"github.com/hangar-dev/hangar/gateway-svc/internal/dataplane"
 	"github.com/hangar-dev/hangar/gateway-svc/internal/server"
+	"github.com/hangar-dev/hangar/gateway-svc/internal/trees"
 	"github.com/hangar-dev/hangar/platform/blob"
 	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/platform/redisconn"
+	"github.com/hangar-dev/hangar/platform/rpc"
 	"github.com/hangar-dev/hangar/platform/service"
 )
 
@@ -32,6 +37,8 @@ type App struct {
 	svc     *service.Service
 	gateway *server.Server
 	redis   *redisconn.Conn
+	// closeSandbox closes the connection to sandbox-svc.
+	closeSandbox func()
 }
 
 // New builds the service from cfg. logger may be nil.
@@ -52,6 +59,23 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	if publicURL == "" {
 		publicURL = "http://" + cfg.Addr
 	}
+	var hasher dataplane.TreeHasher
+	var sandboxConn *grpc.ClientConn
+	if cfg.SandboxAddr != "" {
+		// Hashing a work tree is the gateway's own work, not a use that
+		// keeps a session open.
+		sandboxConn, err = rpc.Dial(cfg.SandboxAddr, rpc.ClientOptions{Token: cfg.Token}, sandboxexec.ServiceCallDialOptions()...)
+		if err != nil {
+			_ = redis.Close()
+			return nil, fmt.Errorf("HANGAR_SANDBOX_ADDR=%s: %w", cfg.SandboxAddr, err)
+		}
+		hasher = trees.New(sandboxv1.NewSandboxServiceClient(sandboxConn))
+	}
+	closeSandbox := func() {
+		if sandboxConn != nil {
+			_ = sandboxConn.Close()
+		}
+	}
 	gw, err := server.New(ctx, server.Deps{
 		Redis:     redis.Client,
 		Tapes:     tapes,
@@ -69,8 +93,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		TapeDays:       cfg.TapeDays,
 		CacheTTL:       cfg.Cache,
 		StaggerSeconds: cfg.CacheStaggerSeconds,
+		Trees:          hasher,
 	})
 	if err != nil {
+		closeSandbox()
 		_ = redis.Close()
 		return nil, fmt.Errorf("starting the gateway: %w", err)
 	}
@@ -90,10 +116,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	})
 	if err != nil {
 		_ = gw.Close(ctx)
+		closeSandbox()
 		_ = redis.Close()
 		return nil, err
 	}
-	return &App{svc: svc, gateway: gw, redis: redis}, nil
+	return &App{svc: svc, gateway: gw, redis: redis, closeSandbox: closeSandbox}, nil
 }
 
 // Handler serves gRPC, REST and the data plane in-process (for a front door).
@@ -107,6 +134,7 @@ func (a *App) Run(ctx context.Context, lis net.Listener) error {
 	if cerr := a.gateway.Close(closeCtx); cerr != nil {
 		a.svc.Logger().WarnContext(ctx, "gateway close failed", "error", cerr)
 	}
+	a.closeSandbox()
 	if cerr := a.redis.Close(); cerr != nil {
 		a.svc.Logger().WarnContext(ctx, "redis close failed", "error", cerr)
 	}

@@ -28,6 +28,10 @@ type Config struct {
 	// upstream is the offline scripted model.
 	FreeModel bool `env:"HANGAR_MODEL_FREE" flag:"model-free" help:"price every model call at $0.00 (hangar up's offline scripted model)"`
 
+	// SandboxAddr is sandbox-svc, where the work tree hash of each step is
+	// taken (empty: no tree hashes on the tapes).
+	SandboxAddr string `env:"HANGAR_SANDBOX_ADDR" flag:"sandbox-addr" default:"127.0.0.1:7402" help:"sandbox-svc gRPC address (work tree hashes for the tapes)"`
+
 	TapeDays            int    `env:"HANGAR_MODEL_TAPE_DAYS" flag:"model-tape-days" default:"30" min:"1" unit:"days" help:"days a run's model tape is kept"`
 	Cache               string `env:"HANGAR_CACHE" flag:"cache" default:"auto" oneof:"auto|5m|1h|off" help:"prompt-cache TTL when neither the session nor its environment sets one"`
 	CacheStaggerSeconds int    `env:"HANGAR_CACHE_STAGGER_SECONDS" flag:"cache-stagger-seconds" default:"15" min:"0" unit:"seconds" help:"how long forks hold back for the first sibling to answer (0 = no wait)"`

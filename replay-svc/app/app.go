@@ -17,6 +17,7 @@ import (
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	replayv1 "github.com/hangar-dev/hangar/api/hangar/replay/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/api/openapi"
 	"github.com/hangar-dev/hangar/platform/logging"
@@ -72,8 +73,16 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 	if err != nil {
 		return nil, err
 	}
+	sandboxConn, err := dial(cfg.SandboxAddr, "HANGAR_SANDBOX_ADDR")
+	if err != nil {
+		return nil, err
+	}
 	a.forks = forks.New(forks.Options{
-		Store:            records,
+		Store:        records,
+		Environments: sandboxv1.NewSandboxServiceClient(sandboxConn),
+		Jobs:         sessionv1.NewJobServiceClient(sessionConn),
+		Checks: forks.SandboxChecks{Sessions: sessionv1.NewSessionServiceClient(sessionConn),
+			Sandboxes: sandboxv1.NewSandboxServiceClient(sandboxConn)},
 		Gateway:          gatewayv1.NewGatewayServiceClient(gatewayConn),
 		Sessions:         sessionv1.NewSessionServiceClient(sessionConn),
 		Logger:           logger.With("service", Name),

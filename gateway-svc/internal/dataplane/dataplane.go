@@ -73,6 +73,14 @@ type Options struct {
 	HoldKeepalive time.Duration
 	// MaxBodyBytes overrides MaxBodyBytes (tests).
 	MaxBodyBytes int64
+	// Trees takes the work tree hash of a run's sandbox when a step's
+	// request arrives (nil: no tree hashes are taped).
+	Trees TreeHasher
+}
+
+// TreeHasher hashes the work tree of the sandbox a run's harness runs in.
+type TreeHasher interface {
+	TreeHash(ctx context.Context, sb *gatewayv1.RunSandbox) (string, error)
 }
 
 // Handler is the data plane.
@@ -324,6 +332,7 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 		Request: &gatewayv1.StepRequest{Method: r.Method, Path: path, Headers: pickHeaders(r.Header), Body: body},
 	}}
 	defer h.finish(c)
+	h.takeTree(ctx, c)
 
 	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" {
 		if done := h.replayStep(w, r, c, rp); done {
@@ -332,6 +341,11 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 	}
 
 	upBody := body
+	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" {
+		// Live after a replayed prefix: the calls with outside effects the
+		// prefix made are shown to the model with the tape's outputs.
+		upBody = h.answerFromTape(ctx, c, rp, upBody)
+	}
 	if msgs, err := h.o.Runs.TakeSteering(ctx, run.GetId()); err == nil && len(msgs) > 0 {
 		if b, err := injectSteering(p, upBody, msgs); err == nil {
 			upBody = b
@@ -362,6 +376,29 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 		return
 	}
 	h.forward(w, r, c, upBody, leader)
+}
+
+// treeHashTimeout bounds the hash of a work tree (a git add into a copy of
+// the index).
+const treeHashTimeout = 30 * time.Second
+
+// takeTree records on the call's step the hash of the run's work tree as
+// the request arrives: the harness waits for this answer, so the tree is
+// the one the tools of the steps before left. A hash that cannot be taken
+// is left out (the step is not checked for tree divergence).
+func (h *Handler) takeTree(ctx context.Context, c *call) {
+	sb := c.run.GetSandbox()
+	if h.o.Trees == nil || sb.GetId() == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, treeHashTimeout)
+	defer cancel()
+	hash, err := h.o.Trees.TreeHash(ctx, sb)
+	if err != nil {
+		h.o.Logger.LogAttrs(ctx, slog.LevelWarn, "work tree hash not taken", slog.String("run", c.run.GetId()), slog.Int("seq", int(c.step.Seq)), slog.Any("error", err))
+		return
+	}
+	c.step.TreeHash = hash
 }
 
 func pickHeaders(hd http.Header) map[string]string {

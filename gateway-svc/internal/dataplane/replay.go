@@ -117,7 +117,29 @@ func (h *Handler) checkStep(ctx context.Context, w http.ResponseWriter, c *call,
 			Expected: taped.GetRequest().GetPath(), Actual: c.path}, false
 	}
 	canon := replay.Canon{TapeSession: h.tapeSession(ctx, rp.GetTapeRun()), Session: c.run.GetSession()}
-	return taped, replay.CompareCanon(c.p, canon, taped.GetRequest().GetBody(), c.step.Request.Body), false
+	if d := replay.CompareCanon(c.p, canon, taped.GetRequest().GetBody(), c.step.Request.Body); d != nil {
+		return taped, d, false
+	}
+	// The request matches; the work tree the tools left must too.
+	return taped, replay.CompareTree(taped.GetTreeHash(), c.step.TreeHash), false
+}
+
+// answerFromTape returns body with the outputs of the prefix's tool calls
+// with outside effects (replay.OutsideEffect) replaced by the tape's: the
+// taped request after the prefix holds every output of the prefix.
+func (h *Handler) answerFromTape(ctx context.Context, c *call, rp *gatewayv1.Replay, body []byte) []byte {
+	for _, n := range []int32{min(c.step.Seq, rp.GetAtSeq()+1), min(c.step.Seq, rp.GetAtSeq())} {
+		if n <= 0 {
+			continue
+		}
+		taped, err := h.o.Tapes.Step(ctx, rp.GetTapeRun(), n)
+		if err != nil {
+			continue
+		}
+		out, _ := replay.AnswerFromTape(c.p, taped.GetRequest().GetBody(), body)
+		return out
+	}
+	return body
 }
 
 // tapeSession is the session the taped run belonged to ("" when unknown).

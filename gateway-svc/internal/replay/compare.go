@@ -1,7 +1,7 @@
 // Package replay compares a replayed run's model request with the taped one
 // and classifies the first difference: model (outside tool outputs), tool (a
 // tool output differs) or network (a differing tool output shows a network
-// error).
+// error), or tree (the work tree a step left differs).
 package replay
 
 import (
@@ -101,6 +101,7 @@ func CompareCanon(provider gatewayv1.Provider, canon Canon, taped, incoming []by
 	}
 	dropItemIDs(a)
 	dropItemIDs(b)
+	answerFromTape(provider, a, b)
 	var diffs []difference
 	walk(nil, a, b, &diffs)
 	if len(diffs) == 0 {
@@ -335,4 +336,19 @@ func toolOutputPath(provider gatewayv1.Provider, root any, path []any) bool {
 		}
 	}
 	return false
+}
+
+// CompareTree compares the work tree hash taped for a step (taken when the
+// run's request arrived) with the replay's: nil when they match or either
+// is unknown (a run recorded without a sandbox to hash, a hash that could
+// not be taken), else a tree divergence (Seq unset). A tree hash is a git
+// tree of the work tree's content as `git add -A` sees it, so nothing in it
+// is canonicalised: the work tree's path is not part of it.
+func CompareTree(taped, replayed string) *gatewayv1.Divergence {
+	if taped == "" || replayed == "" || taped == replayed {
+		return nil
+	}
+	return &gatewayv1.Divergence{Kind: gatewayv1.DivergenceKind_DIVERGENCE_KIND_TREE,
+		Detail:   "the work tree the tools left before this request is not the one the run recorded",
+		Expected: taped, Actual: replayed}
 }

@@ -1,6 +1,7 @@
 package replay_test
 
 import (
+	"strings"
 	"testing"
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
@@ -117,5 +118,79 @@ func TestCanonicalisation(t *testing.T) {
 				t.Errorf("kind %v, want %v (%v)", d.GetKind(), tc.want, d)
 			}
 		})
+	}
+}
+
+func TestCompareTree(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, taped, replayed string
+		diverged              bool
+	}{
+		{"same", "4b825dc", "4b825dc", false},
+		{"differs", "4b825dc", "9f3a2e1", true},
+		{"not taped", "", "9f3a2e1", false},
+		{"not taken", "4b825dc", "", false},
+	}
+	for _, tc := range tests {
+		d := replay.CompareTree(tc.taped, tc.replayed)
+		if (d != nil) != tc.diverged {
+			t.Errorf("%s: %v", tc.name, d)
+			continue
+		}
+		if d != nil && (d.GetKind() != gatewayv1.DivergenceKind_DIVERGENCE_KIND_TREE || d.GetExpected() != tc.taped || d.GetActual() != tc.replayed) {
+			t.Errorf("%s: %v", tc.name, d)
+		}
+	}
+}
+
+// TestOutsideEffectAnsweredFromTape: the output of a tool with effects
+// outside the sandbox (an MCP tool, WebFetch) is the tape's in a replay:
+// another output is no divergence and the request sent on holds the
+// tape's; any other tool's output is still compared.
+func TestOutsideEffectAnsweredFromTape(t *testing.T) {
+	t.Parallel()
+	const (
+		anth = gatewayv1.Provider_PROVIDER_ANTHROPIC_MESSAGES
+		resp = gatewayv1.Provider_PROVIDER_OPENAI_RESPONSES
+		chat = gatewayv1.Provider_PROVIDER_OPENAI_CHAT_COMPLETIONS
+	)
+	anthBody := func(tool, result string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"go"},{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"` + tool + `","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"` + result + `"}]}]}`
+	}
+	respBody := func(tool, out string) string {
+		return `{"model":"m","input":[{"type":"function_call","call_id":"c1","name":"` + tool + `","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"` + out + `"}]}`
+	}
+	chatBody := func(tool, out string) string {
+		return `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"` + tool + `","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"` + out + `"}]}`
+	}
+	tests := []struct {
+		name            string
+		p               gatewayv1.Provider
+		taped, incoming string
+		want            gatewayv1.DivergenceKind
+		replaced        bool
+	}{
+		{"mcp tool", anth, anthBody("mcp__jira__create_issue", "JIRA-7 created"), anthBody("mcp__jira__create_issue", "MCP server jira not connected"), 0, true},
+		{"web fetch", anth, anthBody("WebFetch", "page text"), anthBody("WebFetch", "getaddrinfo ENOTFOUND example.com"), 0, true},
+		{"bash still compared", anth, anthBody("Bash", "ok"), anthBody("Bash", "changed"), gatewayv1.DivergenceKind_DIVERGENCE_KIND_TOOL, false},
+		{"codex mcp tool", resp, respBody("mcp__slack__post", "posted"), respBody("mcp__slack__post", "error"), 0, true},
+		{"codex shell still compared", resp, respBody("exec_command", "ok"), respBody("exec_command", "no"), gatewayv1.DivergenceKind_DIVERGENCE_KIND_TOOL, false},
+		{"chat mcp tool", chat, chatBody("mcp__gh__comment", "done"), chatBody("mcp__gh__comment", "refused"), 0, true},
+	}
+	for _, tc := range tests {
+		d := replay.Compare(tc.p, []byte(tc.taped), []byte(tc.incoming))
+		if d.GetKind() != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, d, tc.want)
+		}
+		out, replaced := replay.AnswerFromTape(tc.p, []byte(tc.taped), []byte(tc.incoming))
+		if replaced != tc.replaced {
+			t.Errorf("%s: replaced %v, want %v", tc.name, replaced, tc.replaced)
+		}
+		for _, orig := range []string{"JIRA-7 created", "page text", "posted", "done"} {
+			if replaced && strings.Contains(tc.taped, orig) && !strings.Contains(string(out), orig) {
+				t.Errorf("%s: the request sent on %s does not hold the tape's output %q", tc.name, out, orig)
+			}
+		}
 	}
 }

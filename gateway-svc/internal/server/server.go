@@ -67,6 +67,9 @@ type Deps struct {
 	SweepInterval time.Duration
 	// HTTPClient calls the upstreams (default: no overall timeout).
 	HTTPClient *http.Client
+	// Trees hashes a run's work tree as each step's request arrives (nil:
+	// the tape has no tree hashes).
+	Trees dataplane.TreeHasher
 }
 
 // Server implements gatewayv1.GatewayServiceServer and serves the data plane.
@@ -128,6 +131,7 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	s.data = dataplane.New(dataplane.Options{
 		Runs: s.runs, Tapes: s.tapes, Logger: deps.Logger, Now: deps.Now, Client: deps.HTTPClient,
 		Upstreams: dataplane.Upstreams(deps.Upstreams), CacheTTL: deps.CacheTTL, StaggerSeconds: deps.StaggerSeconds,
+		Trees: deps.Trees,
 	})
 	if err := deps.Redis.Ping(ctx).Err(); err != nil {
 		return nil, fmt.Errorf("gateway: redis: %w", err)
@@ -232,7 +236,7 @@ func (s *Server) CreateRun(ctx context.Context, req *gatewayv1.CreateRunRequest)
 	run, token, err := s.runs.Create(ctx, &gatewayv1.Run{
 		Session: req.GetSession(), Turn: req.GetTurn(), Harness: req.GetHarness(), Model: req.GetModel(),
 		Budget: req.GetBudget(), Tainted: req.GetTainted(), CacheTtl: cache, SiblingGroup: req.GetSiblingGroup(),
-		StaggerSeconds: stagger,
+		StaggerSeconds: stagger, Sandbox: req.GetSandbox(),
 	}, time.Duration(req.GetTtlSeconds())*time.Second)
 	if err != nil {
 		return nil, s.internal(ctx, "run create failed", err)

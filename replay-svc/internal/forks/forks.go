@@ -37,6 +37,7 @@ import (
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	replayv1 "github.com/hangar-dev/hangar/api/hangar/replay/v1"
+	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
 )
@@ -82,6 +83,25 @@ type Sessions interface {
 	SendMessage(ctx context.Context, in *sessionv1.SendMessageRequest, opts ...grpcCallOption) (*sessionv1.SendMessageResponse, error)
 	GetTurn(ctx context.Context, in *sessionv1.GetTurnRequest, opts ...grpcCallOption) (*sessionv1.GetTurnResponse, error)
 	WaitForTurn(ctx context.Context, in *sessionv1.WaitForTurnRequest, opts ...grpcCallOption) (sessionv1.SessionService_WaitForTurnClient, error)
+	GetHarnessLock(ctx context.Context, in *sessionv1.GetHarnessLockRequest, opts ...grpcCallOption) (*sessionv1.GetHarnessLockResponse, error)
+}
+
+// Environments is the part of sandbox-svc a fork uses: the replay
+// environment is derived from the run's.
+type Environments interface {
+	GetEnvironment(ctx context.Context, in *sandboxv1.GetEnvironmentRequest, opts ...grpcCallOption) (*sandboxv1.GetEnvironmentResponse, error)
+	ApplyEnvironment(ctx context.Context, in *sandboxv1.ApplyEnvironmentRequest, opts ...grpcCallOption) (*sandboxv1.ApplyEnvironmentResponse, error)
+}
+
+// Jobs is the part of session-svc's job service A/A uses.
+type Jobs interface {
+	ListJobs(ctx context.Context, in *sessionv1.ListJobsRequest, opts ...grpcCallOption) (*sessionv1.ListJobsResponse, error)
+}
+
+// Checks runs a job's check (a shell command) in a session's sandbox and
+// returns its exit code.
+type Checks interface {
+	Check(ctx context.Context, session, check string) (int, error)
 }
 
 // Options configures a Manager.
@@ -89,7 +109,14 @@ type Options struct {
 	Store    Store
 	Gateway  Gateway
 	Sessions Sessions
-	Logger   *slog.Logger
+	// Environments makes the sealed replay environments; nil replays in
+	// the run's own environment (tests of the bookkeeping only).
+	Environments Environments
+	// Jobs finds the best-of-N job a forked run was an attempt of, and
+	// Checks runs its check on a trial (A/A); either nil: no aa.
+	Jobs   Jobs
+	Checks Checks
+	Logger *slog.Logger
 	// MaxContinuations bounds continuations (at most 10).
 	MaxContinuations int
 	// Settle bounds how long a prefix or a trial is waited for before the
@@ -174,9 +201,6 @@ func (m *Manager) Validate(req *replayv1.ForkRunRequest) (Fork, error) {
 	if req.GetWaitSeconds() < 0 {
 		return f, fault.InvalidArgument("wait_seconds", "wait_seconds must be 0 or more, got %d", req.GetWaitSeconds())
 	}
-	if f.PinSet != "" {
-		return f, fault.Unimplemented("pin_set needs harness locks, which are not supported yet: fork without pin_set to continue on the run's own harness")
-	}
 	return f, nil
 }
 
@@ -229,6 +253,15 @@ func (m *Manager) Start(ctx context.Context, in Fork) (*replayv1.Fork, error) {
 	}
 	if Prompt(tape.GetSteps()[0]) == "" {
 		return nil, fault.FailedPrecondition("TAPE_WITHOUT_PROMPT", "the first request on run %s's tape holds no user prompt to start the replay with", r.GetId())
+	}
+	if in.PinSet != "" {
+		// The pin set's lock, at the revision it has now: the trials are
+		// thawed from that revision even after a restart.
+		lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: in.PinSet})
+		if err != nil {
+			return nil, pinSetError(in.PinSet, err)
+		}
+		f.PinSet = lock.GetLock().GetRef()
 	}
 	if _, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: r.GetSession()}); err != nil {
 		if fault.Status(err).Code() == codes.NotFound {
@@ -429,9 +462,13 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 			return stage("arming the gateway for the prefix session", err)
 		}
 		s := src.GetSession()
+		env, err := m.replayEnvironment(ctx, s.GetEnvironment())
+		if err != nil {
+			return stage("making the replay environment", err)
+		}
 		if err := m.retryUnavailable(ctx, func() error {
 			_, err := m.o.Sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
-				Name: prefix, Environment: s.GetEnvironment(), Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
+				Name: prefix, Environment: env, Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
 				BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetRun().GetModel(),
 				// The taped steps make no model call; the budget only
 				// bounds what a broken replay could spend.
@@ -539,6 +576,96 @@ func prefixAttempt(fork, name string) int {
 	return n
 }
 
+// ReplayEnvironment is the name of the sealed environment the replays of
+// env's runs use.
+func ReplayEnvironment(env string) string {
+	const suffix = "-replay"
+	if strings.HasSuffix(env, suffix) {
+		return env
+	}
+	if len(env)+len(suffix) > 63 {
+		env = strings.TrimRight(env[:63-len(suffix)], "-")
+	}
+	return env + suffix
+}
+
+// replayEnvironment applies the sealed copy of environment env and returns
+// its name: the same repository, base, setup, image, driver and resources,
+// egress none (the sandbox reaches the gateway through its relay and
+// nothing else), none of env's variables (where its secrets are) and no
+// warm pool.
+func (m *Manager) replayEnvironment(ctx context.Context, env string) (string, error) {
+	if m.o.Environments == nil {
+		return env, nil
+	}
+	var src *sandboxv1.Environment
+	if err := m.retryUnavailable(ctx, func() error {
+		resp, err := m.o.Environments.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: env})
+		src = resp.GetEnvironment()
+		return err
+	}); err != nil {
+		return "", fmt.Errorf("get environment %s: %w", env, err)
+	}
+	if src.GetEgress() == sandboxv1.Egress_EGRESS_NONE && len(src.GetEnv()) == 0 && src.GetWarmPoolSize() == 0 {
+		return env, nil
+	}
+	sealed := &sandboxv1.Environment{
+		Name: ReplayEnvironment(env), Repository: src.GetRepository(), BaseRef: src.GetBaseRef(), Setup: src.GetSetup(),
+		Egress: sandboxv1.Egress_EGRESS_NONE, Resources: src.GetResources(), Driver: src.GetDriver(), Image: src.GetImage(),
+		CacheTtl: src.GetCacheTtl(),
+	}
+	if err := m.retryUnavailable(ctx, func() error {
+		_, err := m.o.Environments.ApplyEnvironment(ctx, &sandboxv1.ApplyEnvironmentRequest{Environment: sealed})
+		return err
+	}); err != nil {
+		return "", fmt.Errorf("apply environment %s: %w", sealed.GetName(), err)
+	}
+	return sealed.GetName(), nil
+}
+
+// pinSetError is the answer to a pin_set whose lock cannot be read: the
+// session service's refusal (NotFound, InvalidArgument, FailedPrecondition)
+// with the field named, anything else as is.
+func pinSetError(pinSet string, err error) error {
+	st := fault.Status(err)
+	msg := fmt.Sprintf("pin_set %q: %s", pinSet, st.Message())
+	switch st.Code() {
+	case codes.NotFound:
+		return fault.NotFound("PIN_SET_NOT_FOUND", "%s", msg)
+	case codes.InvalidArgument:
+		return fault.InvalidArgument("pin_set", "%s", msg)
+	case codes.FailedPrecondition:
+		return fault.FailedPrecondition("PIN_SET_UNUSABLE", "%s", msg)
+	}
+	return fmt.Errorf("read harness lock %s: %w", pinSet, err)
+}
+
+// trialMessage is the first message of f's trials: ContinueMessage, or,
+// for a pin set on another harness than the run's (which has no
+// conversation to continue), the run's prompt with a note that the work
+// tree holds the work so far.
+func (m *Manager) trialMessage(ctx context.Context, f *replayv1.Fork) (string, error) {
+	if f.GetPinSet() == "" {
+		return ContinueMessage, nil
+	}
+	lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: f.GetPinSet()})
+	if err != nil {
+		return "", fmt.Errorf("read harness lock %s: %w", f.GetPinSet(), err)
+	}
+	if replayable[f.GetHarness()] == lock.GetLock().GetHarness() {
+		return ContinueMessage, nil
+	}
+	tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
+	if err != nil || len(tape.GetSteps()) == 0 {
+		return "", fmt.Errorf("read the tape of %s: %w", f.GetRun(), err)
+	}
+	return Prompt(tape.GetSteps()[0]) + "\n\n" + HandoffNote, nil
+}
+
+// HandoffNote follows the run's prompt in a trial on another harness than
+// the run's.
+const HandoffNote = "The work tree already holds the work done so far on this task by another agent: continue from where it stopped."
+
 // trialSession is the session trial n of fork runs in.
 func trialSession(fork string, n int) string { return fork + "-" + strconv.Itoa(n) }
 
@@ -557,13 +684,18 @@ func (m *Manager) startTrials(ctx context.Context, f *replayv1.Fork) error {
 	for len(missing) > 0 {
 		batch := missing[:min(len(missing), forkMaxPerCall)]
 		err := m.retry(ctx, func() error {
-			_, err := m.o.Sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: f.GetPrefixSession(), N: int32(len(batch)), Names: batch})
+			_, err := m.o.Sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: f.GetPrefixSession(), N: int32(len(batch)), Names: batch,
+				HarnessLock: f.GetPinSet()})
 			return err
 		})
 		if err != nil {
 			return stage("forking the prefix session for the trials", err)
 		}
 		missing = missing[len(batch):]
+	}
+	message, err := m.trialMessage(ctx, f)
+	if err != nil {
+		return stage("reading the pin set", err)
 	}
 	b := f.GetBudget()
 	for i, t := range f.GetTrials() {
@@ -574,7 +706,7 @@ func (m *Manager) startTrials(ctx context.Context, f *replayv1.Fork) error {
 		t.Divergence = f.GetDivergence()
 		var turn *sessionv1.Turn
 		err := m.retry(ctx, func() error {
-			resp, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: t.GetSession(), Message: ContinueMessage,
+			resp, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: t.GetSession(), Message: message,
 				Budget: &sessionv1.Budget{MaxCostUsd: b.GetMaxCostUsd(), MaxTokens: b.GetMaxTokens(), MaxMinutes: b.GetMaxMinutes()}})
 			turn = resp.GetTurn()
 			return err
@@ -711,6 +843,76 @@ func (m *Manager) follow(ctx context.Context, id string) {
 		if turn.GetRunId() != "" {
 			t.Run = turn.GetRunId()
 		}
+		if aa, ok := m.aa(ctx, t); ok {
+			t.Aa = proto.Bool(aa)
+		}
 	}
 	m.saveTrial(ctx, t)
+}
+
+// aa is the A/A result of an ended trial: when its prefix was clean, it ran
+// the run's own harness and the run was an attempt of a best-of-N job with
+// a check, whether the job's check gives the same result (passes or fails)
+// on the trial as it gave on the original attempt. A trial that did not
+// complete fails the check. ok is false when no A/A applies or the check
+// could not be run.
+func (m *Manager) aa(ctx context.Context, t *replayv1.Trial) (aa, ok bool) {
+	if m.o.Jobs == nil || m.o.Checks == nil || t.GetDivergence() != nil {
+		return false, false
+	}
+	f, err := m.o.Store.GetFork(ctx, t.GetFork())
+	if err != nil || f.GetDivergence() != nil {
+		return false, false
+	}
+	if f.GetPinSet() != "" {
+		lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: f.GetPinSet()})
+		if err != nil || lock.GetLock().GetHarness() != replayable[f.GetHarness()] {
+			return false, false
+		}
+	}
+	run, err := m.o.Gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: f.GetRun()})
+	if err != nil {
+		return false, false
+	}
+	job, attempt := m.jobOf(ctx, run.GetRun().GetSession())
+	if job == nil {
+		return false, false
+	}
+	original := attempt.GetOutcome() == sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED && attempt.GetCheckExitCode() == 0
+	passed := false
+	if t.GetOutcome() == replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED {
+		code, err := m.o.Checks.Check(ctx, t.GetSession(), job.GetCheck())
+		if err != nil {
+			m.o.Logger.WarnContext(ctx, "A/A check not run", "trial", t.GetId(), "job", job.GetId(), "error", err)
+			return false, false
+		}
+		passed = code == 0
+	}
+	return passed == original, true
+}
+
+// jobOf is the best-of-N job with a check that session was a checked
+// attempt of, and that attempt (nil when none).
+func (m *Manager) jobOf(ctx context.Context, session string) (*sessionv1.Job, *sessionv1.Attempt) {
+	token := ""
+	for range 100 {
+		resp, err := m.o.Jobs.ListJobs(ctx, &sessionv1.ListJobsRequest{PageSize: 100, PageToken: token})
+		if err != nil {
+			return nil, nil
+		}
+		for _, j := range resp.GetJobs() {
+			if j.GetStrategy() != sessionv1.JobStrategy_JOB_STRATEGY_BEST_OF_N || j.GetCheck() == "" {
+				continue
+			}
+			for _, a := range j.GetAttempts() {
+				if a.GetSession() == session && (a.GetCheckExitCode() >= 0 || a.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED) {
+					return j, a
+				}
+			}
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			return nil, nil
+		}
+	}
+	return nil, nil
 }

@@ -1,16 +1,22 @@
 package forks_test
 
 import (
+	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	replayv1 "github.com/hangar-dev/hangar/api/hangar/replay/v1"
+	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/replay-svc/internal/forks"
+	"github.com/hangar-dev/hangar/replay-svc/internal/store"
 )
 
 func TestValidate(t *testing.T) {
@@ -38,7 +44,6 @@ func TestValidate(t *testing.T) {
 		{&replayv1.ForkRunRequest{Run: "r", OnDivergence: 9}, codes.InvalidArgument, "on_divergence"},
 		{&replayv1.ForkRunRequest{Run: "r", Budget: &replayv1.Budget{MaxCostUsd: -1}}, codes.InvalidArgument, "budget"},
 		{&replayv1.ForkRunRequest{Run: "r", WaitSeconds: -1}, codes.InvalidArgument, "wait_seconds"},
-		{&replayv1.ForkRunRequest{Run: "r", PinSet: "ps"}, codes.Unimplemented, "pin_set"},
 	}
 	for _, b := range bad {
 		_, err := m.Validate(b.req)
@@ -67,5 +72,67 @@ func TestPrompt(t *testing.T) {
 		if got := forks.Prompt(step(tc.body)); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// taintedGateway serves one tainted run of session "src" and its tape.
+type taintedGateway struct{ forks.Gateway }
+
+func (taintedGateway) GetRun(_ context.Context, in *gatewayv1.GetRunRequest, _ ...grpc.CallOption) (*gatewayv1.GetRunResponse, error) {
+	if in.GetRun() != "src.run-1" {
+		return nil, status.Error(codes.NotFound, "no such run")
+	}
+	return &gatewayv1.GetRunResponse{Run: &gatewayv1.Run{Id: "src.run-1", Session: "src", Turn: 1, Harness: "claude", Tainted: true}}, nil
+}
+
+func (taintedGateway) GetTape(context.Context, *gatewayv1.GetTapeRequest, ...grpc.CallOption) (*gatewayv1.GetTapeResponse, error) {
+	step := &gatewayv1.Step{Seq: 1, Request: &gatewayv1.StepRequest{Body: []byte(`{"messages":[{"role":"user","content":"Fix it"}]}`)}}
+	return &gatewayv1.GetTapeResponse{Steps: []*gatewayv1.Step{step, {Seq: 2}}}, nil
+}
+
+type srcSessions struct{ forks.Sessions }
+
+func (srcSessions) GetSession(context.Context, *sessionv1.GetSessionRequest, ...grpc.CallOption) (*sessionv1.GetSessionResponse, error) {
+	return &sessionv1.GetSessionResponse{Session: &sessionv1.Session{Name: "src"}}, nil
+}
+
+// TestTaintedFork: a fork of a run whose tape is tainted, and each of its
+// trials, say tainted, in the answer and in the record.
+func TestTaintedFork(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, err := store.Open(ctx, store.Options{SQLitePath: filepath.Join(t.TempDir(), "replay.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	m := forks.New(forks.Options{Store: st, Gateway: taintedGateway{}, Sessions: srcSessions{}})
+	in, err := m.Validate(&replayv1.ForkRunRequest{Run: "src.run-1", AtSeq: 1, Continuations: proto.Int32(3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := m.Start(ctx, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(where string, f *replayv1.Fork) {
+		if !f.GetTainted() || len(f.GetTrials()) != 3 {
+			t.Errorf("%s: fork tainted %v, %d trials", where, f.GetTainted(), len(f.GetTrials()))
+		}
+		for _, tr := range f.GetTrials() {
+			if !tr.GetTainted() {
+				t.Errorf("%s: trial %s not tainted", where, tr.GetId())
+			}
+		}
+	}
+	check("answer", f)
+	got, err := st.GetFork(ctx, f.GetFork())
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("record", got)
+	tr, err := st.GetTrial(ctx, f.GetTrialIds()[1])
+	if err != nil || !tr.GetTainted() {
+		t.Errorf("trial record: %v %v", tr, err)
 	}
 }

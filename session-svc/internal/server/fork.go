@@ -11,7 +11,7 @@ import (
 func (s *Sessions) ForkSession(ctx context.Context, req *sessionv1.ForkSessionRequest) (*sessionv1.ForkSessionResponse, error) {
 	fork, err := s.m.Fork(ctx, sessions.ForkInput{
 		Parent: req.GetName(), N: int(req.GetN()), Message: req.GetMessage(),
-		Harness: harnessName(req.GetHarness()), Names: req.GetNames(),
+		Harness: harnessName(req.GetHarness()), Names: req.GetNames(), HarnessLock: req.GetHarnessLock(),
 		// No message: just boot them (spec).
 		Boot: req.GetMessage() == "",
 	})

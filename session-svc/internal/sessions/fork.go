@@ -12,6 +12,7 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/platform/fault"
 	"github.com/hangar-dev/hangar/session-svc/internal/harness"
+	"github.com/hangar-dev/hangar/session-svc/internal/harnesslock"
 	"github.com/hangar-dev/hangar/session-svc/internal/holds"
 	"github.com/hangar-dev/hangar/session-svc/internal/store"
 )
@@ -37,6 +38,13 @@ type ForkInput struct {
 	Boot bool
 	// Budget overrides the parent's for the forks' first turns when set.
 	Budget *store.Budget
+	// HarnessLock thaws the forks from a harness lock (NAME@rN or NAME):
+	// the lock's harness, model and approval mode, the lock recorded. A
+	// lock on another harness than the parent's starts the forks' own
+	// conversation (there is none of that harness to fork). Not with
+	// Harness.
+	HarnessLock string
+	lock        *harnesslock.Lock
 }
 
 // Fork is the result of a fork: the new sessions (as created; with a
@@ -88,6 +96,16 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 		if err := validBudget(*in.Budget); err != nil {
 			return nil, err
 		}
+	}
+	if in.HarnessLock != "" {
+		if in.Harness != "" {
+			return nil, fault.InvalidArgument("harness_lock", "harness_lock %s sets the forks' harness: leave harness out", in.HarnessLock)
+		}
+		lock, err := m.forkLock(ctx, in.HarnessLock)
+		if err != nil {
+			return nil, err
+		}
+		in.lock = &lock
 	}
 	parent, err := m.get(ctx, in.Parent)
 	if err != nil {
@@ -275,6 +293,15 @@ func (m *Manager) createFork(ctx context.Context, parent *store.Session, cp *che
 		CreatedAt:      now, LastActiveAt: now, BaseCommit: parent.BaseCommit,
 		Budget: parent.Budget, Approvals: parent.Approvals, CacheTTL: parent.CacheTTL, Model: parent.Model,
 		HarnessLock: parent.HarnessLock, Question: parent.Question,
+	}
+	if l := in.lock; l != nil {
+		s.Model, s.HarnessLock, s.Approvals = l.Model, l.Ref(), ""
+		if l.Approvals == ApprovalsAsk {
+			s.Approvals = ApprovalsAsk
+		}
+		if l.Harness != parent.Harness {
+			s.Harness, s.ConversationID = l.Harness, ""
+		}
 	}
 	if in.Harness != "" && in.Harness != parent.Harness && in.Message == "" {
 		// No turn to hand off in yet: the fork starts its own conversation.

@@ -69,6 +69,8 @@ func (m *Manager) StartInteractive(ctx context.Context, name string) (*Interacti
 		TtlSeconds: int32(interactiveRunTTL / time.Second),
 		CacheTtl:   cache,
 		Approvals:  s.Approvals == ApprovalsAsk,
+		// The gateway hashes this work tree as each step's request arrives.
+		Sandbox: &gatewayv1.RunSandbox{Id: sb.GetId(), FencingToken: s.FencingToken, WorkDir: sb.GetWorkDir()},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("interactive run of %s: %w", name, err)

@@ -71,6 +71,22 @@ func (m *Manager) thaw(ctx context.Context, n *NewSession) error {
 	return nil
 }
 
+// forkLock reads the harness lock forks are thawed from and checks the
+// CLI version it pins, as a thaw does.
+func (m *Manager) forkLock(ctx context.Context, ref string) (harnesslock.Lock, error) {
+	if m.d.Locks == nil {
+		return harnesslock.Lock{}, fault.FailedPrecondition("HARNESS_REPO_UNSET", "no harness locks here (harness_lock %s): set HANGAR_HARNESS_REPO to the git repository holding %s", ref, harnesslock.FileName)
+	}
+	lock, err := m.d.Locks.Get(ctx, ref)
+	if err != nil {
+		return harnesslock.Lock{}, err
+	}
+	if err := m.checkCLIVersion(ctx, lock); err != nil {
+		return harnesslock.Lock{}, err
+	}
+	return lock, nil
+}
+
 // checkCLIVersion refuses lock when the sandboxes' CLI of its harness is
 // another version, saying which to install or which lock pins the one
 // there. It asks this host's CLI, which is the sandboxes' own only under

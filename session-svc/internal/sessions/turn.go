@@ -439,6 +439,8 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 		TtlSeconds: int32((limit + 5*time.Minute) / time.Second),
 		CacheTtl:   cache,
 		Approvals:  s.Approvals == ApprovalsAsk,
+		// The gateway hashes this work tree as each step's request arrives.
+		Sandbox: &gatewayv1.RunSandbox{Id: sb.GetId(), FencingToken: s.FencingToken, WorkDir: sb.GetWorkDir()},
 	})
 	if err != nil {
 		return failed("gateway refused the run", err)

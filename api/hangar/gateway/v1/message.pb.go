@@ -388,7 +388,9 @@ type Run struct {
 	// Hold this long for a sibling's first answer (fork/best-of-N stagger).
 	StaggerSeconds int32 `protobuf:"varint,19,opt,name=stagger_seconds,json=staggerSeconds,proto3" json:"stagger_seconds,omitempty"`
 	// Runs that share a cache write (forks of one parent).
-	SiblingGroup  string `protobuf:"bytes,20,opt,name=sibling_group,json=siblingGroup,proto3" json:"sibling_group,omitempty"`
+	SiblingGroup string `protobuf:"bytes,20,opt,name=sibling_group,json=siblingGroup,proto3" json:"sibling_group,omitempty"`
+	// The sandbox the harness runs in (tree hashes are taken there).
+	Sandbox       *RunSandbox `protobuf:"bytes,21,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -563,6 +565,76 @@ func (x *Run) GetSiblingGroup() string {
 	return ""
 }
 
+func (x *Run) GetSandbox() *RunSandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+// RunSandbox names the sandbox a run's harness runs in.
+type RunSandbox struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The holder's fencing token (the exec of the tree hash carries it).
+	FencingToken uint64 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	// The work tree, absolute, inside the sandbox.
+	WorkDir       string `protobuf:"bytes,3,opt,name=work_dir,json=workDir,proto3" json:"work_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunSandbox) Reset() {
+	*x = RunSandbox{}
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunSandbox) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunSandbox) ProtoMessage() {}
+
+func (x *RunSandbox) ProtoReflect() protoreflect.Message {
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunSandbox.ProtoReflect.Descriptor instead.
+func (*RunSandbox) Descriptor() ([]byte, []int) {
+	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RunSandbox) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RunSandbox) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *RunSandbox) GetWorkDir() string {
+	if x != nil {
+		return x.WorkDir
+	}
+	return ""
+}
+
 // Usage is tokens and cost.
 type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -578,7 +650,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[1]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +662,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[1]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +675,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{1}
+	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Usage) GetInputTokens() int64 {
@@ -659,7 +731,7 @@ type Budget struct {
 
 func (x *Budget) Reset() {
 	*x = Budget{}
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[2]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +743,7 @@ func (x *Budget) String() string {
 func (*Budget) ProtoMessage() {}
 
 func (x *Budget) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[2]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +756,7 @@ func (x *Budget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Budget.ProtoReflect.Descriptor instead.
 func (*Budget) Descriptor() ([]byte, []int) {
-	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{2}
+	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Budget) GetMaxCostUsd() float64 {
@@ -715,7 +787,7 @@ type Replay struct {
 
 func (x *Replay) Reset() {
 	*x = Replay{}
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[3]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -727,7 +799,7 @@ func (x *Replay) String() string {
 func (*Replay) ProtoMessage() {}
 
 func (x *Replay) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[3]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -740,7 +812,7 @@ func (x *Replay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replay.ProtoReflect.Descriptor instead.
 func (*Replay) Descriptor() ([]byte, []int) {
-	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{3}
+	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Replay) GetTapeRun() string {
@@ -802,7 +874,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[4]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +886,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[4]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +899,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{4}
+	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Step) GetSeq() int32 {
@@ -943,7 +1015,7 @@ type StepRequest struct {
 
 func (x *StepRequest) Reset() {
 	*x = StepRequest{}
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[5]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -955,7 +1027,7 @@ func (x *StepRequest) String() string {
 func (*StepRequest) ProtoMessage() {}
 
 func (x *StepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[5]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -968,7 +1040,7 @@ func (x *StepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepRequest.ProtoReflect.Descriptor instead.
 func (*StepRequest) Descriptor() ([]byte, []int) {
-	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{5}
+	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StepRequest) GetMethod() string {
@@ -1014,7 +1086,7 @@ type StepResponse struct {
 
 func (x *StepResponse) Reset() {
 	*x = StepResponse{}
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[6]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1098,7 @@ func (x *StepResponse) String() string {
 func (*StepResponse) ProtoMessage() {}
 
 func (x *StepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[6]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1111,7 @@ func (x *StepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepResponse.ProtoReflect.Descriptor instead.
 func (*StepResponse) Descriptor() ([]byte, []int) {
-	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{6}
+	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StepResponse) GetStatus() int32 {
@@ -1083,7 +1155,7 @@ type SseEvent struct {
 
 func (x *SseEvent) Reset() {
 	*x = SseEvent{}
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[7]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1167,7 @@ func (x *SseEvent) String() string {
 func (*SseEvent) ProtoMessage() {}
 
 func (x *SseEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[7]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1180,7 @@ func (x *SseEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SseEvent.ProtoReflect.Descriptor instead.
 func (*SseEvent) Descriptor() ([]byte, []int) {
-	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{7}
+	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SseEvent) GetEvent() string {
@@ -1147,7 +1219,7 @@ type Divergence struct {
 
 func (x *Divergence) Reset() {
 	*x = Divergence{}
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[8]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1231,7 @@ func (x *Divergence) String() string {
 func (*Divergence) ProtoMessage() {}
 
 func (x *Divergence) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[8]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1244,7 @@ func (x *Divergence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Divergence.ProtoReflect.Descriptor instead.
 func (*Divergence) Descriptor() ([]byte, []int) {
-	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{8}
+	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Divergence) GetSeq() int32 {
@@ -1225,7 +1297,7 @@ type ToolCall struct {
 
 func (x *ToolCall) Reset() {
 	*x = ToolCall{}
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[9]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1309,7 @@ func (x *ToolCall) String() string {
 func (*ToolCall) ProtoMessage() {}
 
 func (x *ToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_hangar_gateway_v1_message_proto_msgTypes[9]
+	mi := &file_hangar_gateway_v1_message_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1322,7 @@ func (x *ToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
 func (*ToolCall) Descriptor() ([]byte, []int) {
-	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{9}
+	return file_hangar_gateway_v1_message_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ToolCall) GetId() string {
@@ -1299,7 +1371,7 @@ var File_hangar_gateway_v1_message_proto protoreflect.FileDescriptor
 
 const file_hangar_gateway_v1_message_proto_rawDesc = "" +
 	"\n" +
-	"\x1fhangar/gateway/v1/message.proto\x12\x11hangar.gateway.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x05\n" +
+	"\x1fhangar/gateway/v1/message.proto\x12\x11hangar.gateway.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb6\x06\n" +
 	"\x03Run\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\asession\x18\x02 \x01(\tR\asession\x12\x12\n" +
@@ -1323,7 +1395,13 @@ const file_hangar_gateway_v1_message_proto_rawDesc = "" +
 	"\atainted\x18\x11 \x01(\bR\atainted\x12\x1b\n" +
 	"\tcache_ttl\x18\x12 \x01(\tR\bcacheTtl\x12'\n" +
 	"\x0fstagger_seconds\x18\x13 \x01(\x05R\x0estaggerSeconds\x12#\n" +
-	"\rsibling_group\x18\x14 \x01(\tR\fsiblingGroup\"\xe5\x01\n" +
+	"\rsibling_group\x18\x14 \x01(\tR\fsiblingGroup\x127\n" +
+	"\asandbox\x18\x15 \x01(\v2\x1d.hangar.gateway.v1.RunSandboxR\asandbox\"\\\n" +
+	"\n" +
+	"RunSandbox\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
+	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x12\x19\n" +
+	"\bwork_dir\x18\x03 \x01(\tR\aworkDir\"\xe5\x01\n" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x03R\vinputTokens\x12#\n" +
 	"\routput_tokens\x18\x02 \x01(\x03R\foutputTokens\x12*\n" +
@@ -1440,7 +1518,7 @@ func file_hangar_gateway_v1_message_proto_rawDescGZIP() []byte {
 }
 
 var file_hangar_gateway_v1_message_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_hangar_gateway_v1_message_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_hangar_gateway_v1_message_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_hangar_gateway_v1_message_proto_goTypes = []any{
 	(RunState)(0),                 // 0: hangar.gateway.v1.RunState
 	(Provider)(0),                 // 1: hangar.gateway.v1.Provider
@@ -1449,46 +1527,48 @@ var file_hangar_gateway_v1_message_proto_goTypes = []any{
 	(AfterPrefix)(0),              // 4: hangar.gateway.v1.AfterPrefix
 	(ToolCallState)(0),            // 5: hangar.gateway.v1.ToolCallState
 	(*Run)(nil),                   // 6: hangar.gateway.v1.Run
-	(*Usage)(nil),                 // 7: hangar.gateway.v1.Usage
-	(*Budget)(nil),                // 8: hangar.gateway.v1.Budget
-	(*Replay)(nil),                // 9: hangar.gateway.v1.Replay
-	(*Step)(nil),                  // 10: hangar.gateway.v1.Step
-	(*StepRequest)(nil),           // 11: hangar.gateway.v1.StepRequest
-	(*StepResponse)(nil),          // 12: hangar.gateway.v1.StepResponse
-	(*SseEvent)(nil),              // 13: hangar.gateway.v1.SseEvent
-	(*Divergence)(nil),            // 14: hangar.gateway.v1.Divergence
-	(*ToolCall)(nil),              // 15: hangar.gateway.v1.ToolCall
-	nil,                           // 16: hangar.gateway.v1.StepRequest.HeadersEntry
-	nil,                           // 17: hangar.gateway.v1.StepResponse.HeadersEntry
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*RunSandbox)(nil),            // 7: hangar.gateway.v1.RunSandbox
+	(*Usage)(nil),                 // 8: hangar.gateway.v1.Usage
+	(*Budget)(nil),                // 9: hangar.gateway.v1.Budget
+	(*Replay)(nil),                // 10: hangar.gateway.v1.Replay
+	(*Step)(nil),                  // 11: hangar.gateway.v1.Step
+	(*StepRequest)(nil),           // 12: hangar.gateway.v1.StepRequest
+	(*StepResponse)(nil),          // 13: hangar.gateway.v1.StepResponse
+	(*SseEvent)(nil),              // 14: hangar.gateway.v1.SseEvent
+	(*Divergence)(nil),            // 15: hangar.gateway.v1.Divergence
+	(*ToolCall)(nil),              // 16: hangar.gateway.v1.ToolCall
+	nil,                           // 17: hangar.gateway.v1.StepRequest.HeadersEntry
+	nil,                           // 18: hangar.gateway.v1.StepResponse.HeadersEntry
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_hangar_gateway_v1_message_proto_depIdxs = []int32{
 	0,  // 0: hangar.gateway.v1.Run.state:type_name -> hangar.gateway.v1.RunState
-	8,  // 1: hangar.gateway.v1.Run.budget:type_name -> hangar.gateway.v1.Budget
-	7,  // 2: hangar.gateway.v1.Run.usage:type_name -> hangar.gateway.v1.Usage
-	18, // 3: hangar.gateway.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	18, // 4: hangar.gateway.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
-	18, // 5: hangar.gateway.v1.Run.expires_at:type_name -> google.protobuf.Timestamp
-	9,  // 6: hangar.gateway.v1.Run.replay:type_name -> hangar.gateway.v1.Replay
-	3,  // 7: hangar.gateway.v1.Replay.on_divergence:type_name -> hangar.gateway.v1.OnDivergence
-	4,  // 8: hangar.gateway.v1.Replay.after_prefix:type_name -> hangar.gateway.v1.AfterPrefix
-	18, // 9: hangar.gateway.v1.Step.time:type_name -> google.protobuf.Timestamp
-	1,  // 10: hangar.gateway.v1.Step.provider:type_name -> hangar.gateway.v1.Provider
-	11, // 11: hangar.gateway.v1.Step.request:type_name -> hangar.gateway.v1.StepRequest
-	12, // 12: hangar.gateway.v1.Step.response:type_name -> hangar.gateway.v1.StepResponse
-	7,  // 13: hangar.gateway.v1.Step.usage:type_name -> hangar.gateway.v1.Usage
-	14, // 14: hangar.gateway.v1.Step.divergence:type_name -> hangar.gateway.v1.Divergence
-	16, // 15: hangar.gateway.v1.StepRequest.headers:type_name -> hangar.gateway.v1.StepRequest.HeadersEntry
-	17, // 16: hangar.gateway.v1.StepResponse.headers:type_name -> hangar.gateway.v1.StepResponse.HeadersEntry
-	13, // 17: hangar.gateway.v1.StepResponse.events:type_name -> hangar.gateway.v1.SseEvent
-	2,  // 18: hangar.gateway.v1.Divergence.kind:type_name -> hangar.gateway.v1.DivergenceKind
-	5,  // 19: hangar.gateway.v1.ToolCall.state:type_name -> hangar.gateway.v1.ToolCallState
-	18, // 20: hangar.gateway.v1.ToolCall.requested_at:type_name -> google.protobuf.Timestamp
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	9,  // 1: hangar.gateway.v1.Run.budget:type_name -> hangar.gateway.v1.Budget
+	8,  // 2: hangar.gateway.v1.Run.usage:type_name -> hangar.gateway.v1.Usage
+	19, // 3: hangar.gateway.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	19, // 4: hangar.gateway.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	19, // 5: hangar.gateway.v1.Run.expires_at:type_name -> google.protobuf.Timestamp
+	10, // 6: hangar.gateway.v1.Run.replay:type_name -> hangar.gateway.v1.Replay
+	7,  // 7: hangar.gateway.v1.Run.sandbox:type_name -> hangar.gateway.v1.RunSandbox
+	3,  // 8: hangar.gateway.v1.Replay.on_divergence:type_name -> hangar.gateway.v1.OnDivergence
+	4,  // 9: hangar.gateway.v1.Replay.after_prefix:type_name -> hangar.gateway.v1.AfterPrefix
+	19, // 10: hangar.gateway.v1.Step.time:type_name -> google.protobuf.Timestamp
+	1,  // 11: hangar.gateway.v1.Step.provider:type_name -> hangar.gateway.v1.Provider
+	12, // 12: hangar.gateway.v1.Step.request:type_name -> hangar.gateway.v1.StepRequest
+	13, // 13: hangar.gateway.v1.Step.response:type_name -> hangar.gateway.v1.StepResponse
+	8,  // 14: hangar.gateway.v1.Step.usage:type_name -> hangar.gateway.v1.Usage
+	15, // 15: hangar.gateway.v1.Step.divergence:type_name -> hangar.gateway.v1.Divergence
+	17, // 16: hangar.gateway.v1.StepRequest.headers:type_name -> hangar.gateway.v1.StepRequest.HeadersEntry
+	18, // 17: hangar.gateway.v1.StepResponse.headers:type_name -> hangar.gateway.v1.StepResponse.HeadersEntry
+	14, // 18: hangar.gateway.v1.StepResponse.events:type_name -> hangar.gateway.v1.SseEvent
+	2,  // 19: hangar.gateway.v1.Divergence.kind:type_name -> hangar.gateway.v1.DivergenceKind
+	5,  // 20: hangar.gateway.v1.ToolCall.state:type_name -> hangar.gateway.v1.ToolCallState
+	19, // 21: hangar.gateway.v1.ToolCall.requested_at:type_name -> google.protobuf.Timestamp
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_hangar_gateway_v1_message_proto_init() }
@@ -1502,7 +1582,7 @@ func file_hangar_gateway_v1_message_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hangar_gateway_v1_message_proto_rawDesc), len(file_hangar_gateway_v1_message_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -37,7 +37,11 @@ type CreateRunRequest struct {
 	// Hold tool calls for a person's answer.
 	Approvals bool `protobuf:"varint,10,opt,name=approvals,proto3" json:"approvals,omitempty"`
 	// Mark the run's tape untrusted.
-	Tainted       bool `protobuf:"varint,11,opt,name=tainted,proto3" json:"tainted,omitempty"`
+	Tainted bool `protobuf:"varint,11,opt,name=tainted,proto3" json:"tainted,omitempty"`
+	// The sandbox the harness runs in: the gateway takes its work tree's hash
+	// when each step's request arrives (the tape's tree_hash, compared by a
+	// replay). Unset: no tree hashes.
+	Sandbox       *RunSandbox `protobuf:"bytes,12,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -147,6 +151,13 @@ func (x *CreateRunRequest) GetTainted() bool {
 		return x.Tainted
 	}
 	return false
+}
+
+func (x *CreateRunRequest) GetSandbox() *RunSandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
 }
 
 type CreateRunResponse struct {
@@ -1469,7 +1480,7 @@ var File_hangar_gateway_v1_service_proto protoreflect.FileDescriptor
 
 const file_hangar_gateway_v1_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1fhangar/gateway/v1/service.proto\x12\x11hangar.gateway.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fhangar/gateway/v1/message.proto\"\xe7\x02\n" +
+	"\x1fhangar/gateway/v1/service.proto\x12\x11hangar.gateway.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fhangar/gateway/v1/message.proto\"\xa0\x03\n" +
 	"\x10CreateRunRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x12\n" +
 	"\x04turn\x18\x02 \x01(\x05R\x04turn\x12\x18\n" +
@@ -1483,7 +1494,8 @@ const file_hangar_gateway_v1_service_proto_rawDesc = "" +
 	"\x0fstagger_seconds\x18\t \x01(\x05R\x0estaggerSeconds\x12\x1c\n" +
 	"\tapprovals\x18\n" +
 	" \x01(\bR\tapprovals\x12\x18\n" +
-	"\atainted\x18\v \x01(\bR\atainted\"S\n" +
+	"\atainted\x18\v \x01(\bR\atainted\x127\n" +
+	"\asandbox\x18\f \x01(\v2\x1d.hangar.gateway.v1.RunSandboxR\asandbox\"S\n" +
 	"\x11CreateRunResponse\x12(\n" +
 	"\x03run\x18\x01 \x01(\v2\x16.hangar.gateway.v1.RunR\x03run\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\"!\n" +
@@ -1623,64 +1635,66 @@ var file_hangar_gateway_v1_service_proto_goTypes = []any{
 	(*GetUsageResponse)(nil),       // 27: hangar.gateway.v1.GetUsageResponse
 	nil,                            // 28: hangar.gateway.v1.GetUsageResponse.TurnsEntry
 	(*Budget)(nil),                 // 29: hangar.gateway.v1.Budget
-	(*Run)(nil),                    // 30: hangar.gateway.v1.Run
-	(*Step)(nil),                   // 31: hangar.gateway.v1.Step
-	(*Replay)(nil),                 // 32: hangar.gateway.v1.Replay
-	(*Divergence)(nil),             // 33: hangar.gateway.v1.Divergence
-	(*ToolCall)(nil),               // 34: hangar.gateway.v1.ToolCall
-	(*Usage)(nil),                  // 35: hangar.gateway.v1.Usage
+	(*RunSandbox)(nil),             // 30: hangar.gateway.v1.RunSandbox
+	(*Run)(nil),                    // 31: hangar.gateway.v1.Run
+	(*Step)(nil),                   // 32: hangar.gateway.v1.Step
+	(*Replay)(nil),                 // 33: hangar.gateway.v1.Replay
+	(*Divergence)(nil),             // 34: hangar.gateway.v1.Divergence
+	(*ToolCall)(nil),               // 35: hangar.gateway.v1.ToolCall
+	(*Usage)(nil),                  // 36: hangar.gateway.v1.Usage
 }
 var file_hangar_gateway_v1_service_proto_depIdxs = []int32{
 	29, // 0: hangar.gateway.v1.CreateRunRequest.budget:type_name -> hangar.gateway.v1.Budget
-	30, // 1: hangar.gateway.v1.CreateRunResponse.run:type_name -> hangar.gateway.v1.Run
-	30, // 2: hangar.gateway.v1.EndRunResponse.run:type_name -> hangar.gateway.v1.Run
-	30, // 3: hangar.gateway.v1.GetRunResponse.run:type_name -> hangar.gateway.v1.Run
-	30, // 4: hangar.gateway.v1.ListRunsResponse.runs:type_name -> hangar.gateway.v1.Run
-	30, // 5: hangar.gateway.v1.GetTapeResponse.run:type_name -> hangar.gateway.v1.Run
-	31, // 6: hangar.gateway.v1.GetTapeResponse.steps:type_name -> hangar.gateway.v1.Step
-	31, // 7: hangar.gateway.v1.ListStepsResponse.steps:type_name -> hangar.gateway.v1.Step
-	31, // 8: hangar.gateway.v1.GetStepResponse.step:type_name -> hangar.gateway.v1.Step
-	32, // 9: hangar.gateway.v1.SetReplayRequest.replay:type_name -> hangar.gateway.v1.Replay
-	30, // 10: hangar.gateway.v1.SetReplayResponse.run:type_name -> hangar.gateway.v1.Run
-	33, // 11: hangar.gateway.v1.GetDivergenceResponse.divergence:type_name -> hangar.gateway.v1.Divergence
-	34, // 12: hangar.gateway.v1.ListToolCallsResponse.tool_calls:type_name -> hangar.gateway.v1.ToolCall
-	34, // 13: hangar.gateway.v1.AnswerToolCallResponse.tool_call:type_name -> hangar.gateway.v1.ToolCall
-	35, // 14: hangar.gateway.v1.GetUsageResponse.usage:type_name -> hangar.gateway.v1.Usage
-	28, // 15: hangar.gateway.v1.GetUsageResponse.turns:type_name -> hangar.gateway.v1.GetUsageResponse.TurnsEntry
-	35, // 16: hangar.gateway.v1.GetUsageResponse.TurnsEntry.value:type_name -> hangar.gateway.v1.Usage
-	0,  // 17: hangar.gateway.v1.GatewayService.CreateRun:input_type -> hangar.gateway.v1.CreateRunRequest
-	2,  // 18: hangar.gateway.v1.GatewayService.EndRun:input_type -> hangar.gateway.v1.EndRunRequest
-	4,  // 19: hangar.gateway.v1.GatewayService.GetRun:input_type -> hangar.gateway.v1.GetRunRequest
-	6,  // 20: hangar.gateway.v1.GatewayService.ListRuns:input_type -> hangar.gateway.v1.ListRunsRequest
-	8,  // 21: hangar.gateway.v1.GatewayService.GetTape:input_type -> hangar.gateway.v1.GetTapeRequest
-	10, // 22: hangar.gateway.v1.GatewayService.ListSteps:input_type -> hangar.gateway.v1.ListStepsRequest
-	12, // 23: hangar.gateway.v1.GatewayService.GetStep:input_type -> hangar.gateway.v1.GetStepRequest
-	14, // 24: hangar.gateway.v1.GatewayService.ReportTreeHash:input_type -> hangar.gateway.v1.ReportTreeHashRequest
-	16, // 25: hangar.gateway.v1.GatewayService.SetReplay:input_type -> hangar.gateway.v1.SetReplayRequest
-	18, // 26: hangar.gateway.v1.GatewayService.GetDivergence:input_type -> hangar.gateway.v1.GetDivergenceRequest
-	20, // 27: hangar.gateway.v1.GatewayService.SteerRun:input_type -> hangar.gateway.v1.SteerRunRequest
-	22, // 28: hangar.gateway.v1.GatewayService.ListToolCalls:input_type -> hangar.gateway.v1.ListToolCallsRequest
-	24, // 29: hangar.gateway.v1.GatewayService.AnswerToolCall:input_type -> hangar.gateway.v1.AnswerToolCallRequest
-	26, // 30: hangar.gateway.v1.GatewayService.GetUsage:input_type -> hangar.gateway.v1.GetUsageRequest
-	1,  // 31: hangar.gateway.v1.GatewayService.CreateRun:output_type -> hangar.gateway.v1.CreateRunResponse
-	3,  // 32: hangar.gateway.v1.GatewayService.EndRun:output_type -> hangar.gateway.v1.EndRunResponse
-	5,  // 33: hangar.gateway.v1.GatewayService.GetRun:output_type -> hangar.gateway.v1.GetRunResponse
-	7,  // 34: hangar.gateway.v1.GatewayService.ListRuns:output_type -> hangar.gateway.v1.ListRunsResponse
-	9,  // 35: hangar.gateway.v1.GatewayService.GetTape:output_type -> hangar.gateway.v1.GetTapeResponse
-	11, // 36: hangar.gateway.v1.GatewayService.ListSteps:output_type -> hangar.gateway.v1.ListStepsResponse
-	13, // 37: hangar.gateway.v1.GatewayService.GetStep:output_type -> hangar.gateway.v1.GetStepResponse
-	15, // 38: hangar.gateway.v1.GatewayService.ReportTreeHash:output_type -> hangar.gateway.v1.ReportTreeHashResponse
-	17, // 39: hangar.gateway.v1.GatewayService.SetReplay:output_type -> hangar.gateway.v1.SetReplayResponse
-	19, // 40: hangar.gateway.v1.GatewayService.GetDivergence:output_type -> hangar.gateway.v1.GetDivergenceResponse
-	21, // 41: hangar.gateway.v1.GatewayService.SteerRun:output_type -> hangar.gateway.v1.SteerRunResponse
-	23, // 42: hangar.gateway.v1.GatewayService.ListToolCalls:output_type -> hangar.gateway.v1.ListToolCallsResponse
-	25, // 43: hangar.gateway.v1.GatewayService.AnswerToolCall:output_type -> hangar.gateway.v1.AnswerToolCallResponse
-	27, // 44: hangar.gateway.v1.GatewayService.GetUsage:output_type -> hangar.gateway.v1.GetUsageResponse
-	31, // [31:45] is the sub-list for method output_type
-	17, // [17:31] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	30, // 1: hangar.gateway.v1.CreateRunRequest.sandbox:type_name -> hangar.gateway.v1.RunSandbox
+	31, // 2: hangar.gateway.v1.CreateRunResponse.run:type_name -> hangar.gateway.v1.Run
+	31, // 3: hangar.gateway.v1.EndRunResponse.run:type_name -> hangar.gateway.v1.Run
+	31, // 4: hangar.gateway.v1.GetRunResponse.run:type_name -> hangar.gateway.v1.Run
+	31, // 5: hangar.gateway.v1.ListRunsResponse.runs:type_name -> hangar.gateway.v1.Run
+	31, // 6: hangar.gateway.v1.GetTapeResponse.run:type_name -> hangar.gateway.v1.Run
+	32, // 7: hangar.gateway.v1.GetTapeResponse.steps:type_name -> hangar.gateway.v1.Step
+	32, // 8: hangar.gateway.v1.ListStepsResponse.steps:type_name -> hangar.gateway.v1.Step
+	32, // 9: hangar.gateway.v1.GetStepResponse.step:type_name -> hangar.gateway.v1.Step
+	33, // 10: hangar.gateway.v1.SetReplayRequest.replay:type_name -> hangar.gateway.v1.Replay
+	31, // 11: hangar.gateway.v1.SetReplayResponse.run:type_name -> hangar.gateway.v1.Run
+	34, // 12: hangar.gateway.v1.GetDivergenceResponse.divergence:type_name -> hangar.gateway.v1.Divergence
+	35, // 13: hangar.gateway.v1.ListToolCallsResponse.tool_calls:type_name -> hangar.gateway.v1.ToolCall
+	35, // 14: hangar.gateway.v1.AnswerToolCallResponse.tool_call:type_name -> hangar.gateway.v1.ToolCall
+	36, // 15: hangar.gateway.v1.GetUsageResponse.usage:type_name -> hangar.gateway.v1.Usage
+	28, // 16: hangar.gateway.v1.GetUsageResponse.turns:type_name -> hangar.gateway.v1.GetUsageResponse.TurnsEntry
+	36, // 17: hangar.gateway.v1.GetUsageResponse.TurnsEntry.value:type_name -> hangar.gateway.v1.Usage
+	0,  // 18: hangar.gateway.v1.GatewayService.CreateRun:input_type -> hangar.gateway.v1.CreateRunRequest
+	2,  // 19: hangar.gateway.v1.GatewayService.EndRun:input_type -> hangar.gateway.v1.EndRunRequest
+	4,  // 20: hangar.gateway.v1.GatewayService.GetRun:input_type -> hangar.gateway.v1.GetRunRequest
+	6,  // 21: hangar.gateway.v1.GatewayService.ListRuns:input_type -> hangar.gateway.v1.ListRunsRequest
+	8,  // 22: hangar.gateway.v1.GatewayService.GetTape:input_type -> hangar.gateway.v1.GetTapeRequest
+	10, // 23: hangar.gateway.v1.GatewayService.ListSteps:input_type -> hangar.gateway.v1.ListStepsRequest
+	12, // 24: hangar.gateway.v1.GatewayService.GetStep:input_type -> hangar.gateway.v1.GetStepRequest
+	14, // 25: hangar.gateway.v1.GatewayService.ReportTreeHash:input_type -> hangar.gateway.v1.ReportTreeHashRequest
+	16, // 26: hangar.gateway.v1.GatewayService.SetReplay:input_type -> hangar.gateway.v1.SetReplayRequest
+	18, // 27: hangar.gateway.v1.GatewayService.GetDivergence:input_type -> hangar.gateway.v1.GetDivergenceRequest
+	20, // 28: hangar.gateway.v1.GatewayService.SteerRun:input_type -> hangar.gateway.v1.SteerRunRequest
+	22, // 29: hangar.gateway.v1.GatewayService.ListToolCalls:input_type -> hangar.gateway.v1.ListToolCallsRequest
+	24, // 30: hangar.gateway.v1.GatewayService.AnswerToolCall:input_type -> hangar.gateway.v1.AnswerToolCallRequest
+	26, // 31: hangar.gateway.v1.GatewayService.GetUsage:input_type -> hangar.gateway.v1.GetUsageRequest
+	1,  // 32: hangar.gateway.v1.GatewayService.CreateRun:output_type -> hangar.gateway.v1.CreateRunResponse
+	3,  // 33: hangar.gateway.v1.GatewayService.EndRun:output_type -> hangar.gateway.v1.EndRunResponse
+	5,  // 34: hangar.gateway.v1.GatewayService.GetRun:output_type -> hangar.gateway.v1.GetRunResponse
+	7,  // 35: hangar.gateway.v1.GatewayService.ListRuns:output_type -> hangar.gateway.v1.ListRunsResponse
+	9,  // 36: hangar.gateway.v1.GatewayService.GetTape:output_type -> hangar.gateway.v1.GetTapeResponse
+	11, // 37: hangar.gateway.v1.GatewayService.ListSteps:output_type -> hangar.gateway.v1.ListStepsResponse
+	13, // 38: hangar.gateway.v1.GatewayService.GetStep:output_type -> hangar.gateway.v1.GetStepResponse
+	15, // 39: hangar.gateway.v1.GatewayService.ReportTreeHash:output_type -> hangar.gateway.v1.ReportTreeHashResponse
+	17, // 40: hangar.gateway.v1.GatewayService.SetReplay:output_type -> hangar.gateway.v1.SetReplayResponse
+	19, // 41: hangar.gateway.v1.GatewayService.GetDivergence:output_type -> hangar.gateway.v1.GetDivergenceResponse
+	21, // 42: hangar.gateway.v1.GatewayService.SteerRun:output_type -> hangar.gateway.v1.SteerRunResponse
+	23, // 43: hangar.gateway.v1.GatewayService.ListToolCalls:output_type -> hangar.gateway.v1.ListToolCallsResponse
+	25, // 44: hangar.gateway.v1.GatewayService.AnswerToolCall:output_type -> hangar.gateway.v1.AnswerToolCallResponse
+	27, // 45: hangar.gateway.v1.GatewayService.GetUsage:output_type -> hangar.gateway.v1.GetUsageResponse
+	32, // [32:46] is the sub-list for method output_type
+	18, // [18:32] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_hangar_gateway_v1_service_proto_init() }

@@ -1909,7 +1909,11 @@ type ForkSessionRequest struct {
 	// Fork into another harness (starts with a handoff).
 	Harness Harness `protobuf:"varint,4,opt,name=harness,proto3,enum=hangar.session.v1.Harness" json:"harness,omitempty"`
 	// Names of the forks (--name, one per fork); <name>-fork-<i> otherwise.
-	Names         []string `protobuf:"bytes,5,rep,name=names,proto3" json:"names,omitempty"`
+	Names []string `protobuf:"bytes,5,rep,name=names,proto3" json:"names,omitempty"`
+	// Thaw the forks from this harness lock (NAME@rREV, or NAME for its
+	// newest revision): its harness, model and approval mode, on the CLI
+	// version it pins (a fork at a step's pin_set). Not with harness.
+	HarnessLock   string `protobuf:"bytes,6,opt,name=harness_lock,json=harnessLock,proto3" json:"harness_lock,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1977,6 +1981,13 @@ func (x *ForkSessionRequest) GetNames() []string {
 		return x.Names
 	}
 	return nil
+}
+
+func (x *ForkSessionRequest) GetHarnessLock() string {
+	if x != nil {
+		return x.HarnessLock
+	}
+	return ""
 }
 
 type ForkSessionResponse struct {
@@ -3628,13 +3639,14 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"git_bundle\x18\x04 \x01(\fR\tgitBundle\x12\x12\n" +
 	"\x04diff\x18\x05 \x01(\fR\x04diff\x12\x1f\n" +
 	"\vgit_bundles\x18\x06 \x03(\fR\n" +
-	"gitBundles\"\x9c\x01\n" +
+	"gitBundles\"\xbf\x01\n" +
 	"\x12ForkSessionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\f\n" +
 	"\x01n\x18\x02 \x01(\x05R\x01n\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x124\n" +
 	"\aharness\x18\x04 \x01(\x0e2\x1a.hangar.session.v1.HarnessR\aharness\x12\x14\n" +
-	"\x05names\x18\x05 \x03(\tR\x05names\"}\n" +
+	"\x05names\x18\x05 \x03(\tR\x05names\x12!\n" +
+	"\fharness_lock\x18\x06 \x01(\tR\vharnessLock\"}\n" +
 	"\x13ForkSessionResponse\x120\n" +
 	"\x05forks\x18\x01 \x03(\v2\x1a.hangar.session.v1.SessionR\x05forks\x124\n" +
 	"\x16forked_from_checkpoint\x18\x02 \x01(\tR\x14forkedFromCheckpoint\"^\n" +

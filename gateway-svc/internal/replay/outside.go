@@ -1,0 +1,144 @@
+package replay
+
+import (
+	"encoding/json"
+	"strings"
+
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+)
+
+// OutsideEffect reports whether a tool call has effects outside the
+// sandbox, so that a replay answers it from the tape: MCP tools (Claude
+// Code's and Codex's "mcp__<server>__<tool>", pi's "<server>_<tool>" is not
+// told apart and is compared) and client-side web access (Claude Code's
+// WebFetch; WebSearch and Codex's web_search run at the provider, inside
+// the taped answer, and never reach the sandbox).
+func OutsideEffect(tool string) bool {
+	return strings.HasPrefix(tool, "mcp__") || tool == "WebFetch" || tool == "WebSearch" || tool == "web_search" || tool == "web_fetch"
+}
+
+// answerFromTape replaces, in the decoded incoming request, the output of
+// every call of a tool with outside effects (OutsideEffect) with the
+// output the taped request holds for the same call id: in a replay such a
+// call runs in a sandbox that reaches nothing (egress none, no MCP
+// credentials), and what the model is shown, and what is compared, is the
+// original's output. It reports whether it replaced anything.
+func answerFromTape(provider gatewayv1.Provider, taped, incoming any) bool {
+	ids := outsideCalls(provider, taped)
+	if len(ids) == 0 {
+		return false
+	}
+	want := toolOutputs(provider, taped, ids)
+	changed := false
+	for id, slot := range toolOutputs(provider, incoming, ids) {
+		if orig, ok := want[id]; ok {
+			slot.set(orig.get())
+			changed = true
+		}
+	}
+	return changed
+}
+
+// outsideCalls are the call ids of the tool calls with outside effects in
+// a request's conversation.
+func outsideCalls(provider gatewayv1.Provider, req any) map[string]bool {
+	ids := map[string]bool{}
+	m, _ := req.(map[string]any)
+	switch provider {
+	case gatewayv1.Provider_PROVIDER_ANTHROPIC_MESSAGES:
+		for _, msg := range asSlice(m["messages"]) {
+			for _, blk := range asSlice(asMap(msg)["content"]) {
+				b := asMap(blk)
+				if str(b, "type") == "tool_use" && OutsideEffect(str(b, "name")) {
+					ids[str(b, "id")] = true
+				}
+			}
+		}
+	case gatewayv1.Provider_PROVIDER_OPENAI_RESPONSES:
+		for _, it := range asSlice(m["input"]) {
+			i := asMap(it)
+			if (str(i, "type") == "function_call" || str(i, "type") == "custom_tool_call") && OutsideEffect(str(i, "name")) {
+				ids[str(i, "call_id")] = true
+			}
+		}
+	case gatewayv1.Provider_PROVIDER_OPENAI_CHAT_COMPLETIONS:
+		for _, msg := range asSlice(m["messages"]) {
+			for _, tc := range asSlice(asMap(msg)["tool_calls"]) {
+				c := asMap(tc)
+				if OutsideEffect(str(asMap(c["function"]), "name")) {
+					ids[str(c, "id")] = true
+				}
+			}
+		}
+	}
+	delete(ids, "")
+	return ids
+}
+
+// slot is where one tool output sits in a decoded request.
+type slot struct {
+	m   map[string]any
+	key string
+}
+
+func (s slot) get() any  { return s.m[s.key] }
+func (s slot) set(v any) { s.m[s.key] = v }
+
+// toolOutputs are the outputs of the calls ids in a request, by call id.
+func toolOutputs(provider gatewayv1.Provider, req any, ids map[string]bool) map[string]slot {
+	out := map[string]slot{}
+	m, _ := req.(map[string]any)
+	switch provider {
+	case gatewayv1.Provider_PROVIDER_ANTHROPIC_MESSAGES:
+		for _, msg := range asSlice(m["messages"]) {
+			for _, blk := range asSlice(asMap(msg)["content"]) {
+				b := asMap(blk)
+				if str(b, "type") == "tool_result" && ids[str(b, "tool_use_id")] {
+					out[str(b, "tool_use_id")] = slot{b, "content"}
+				}
+			}
+		}
+	case gatewayv1.Provider_PROVIDER_OPENAI_RESPONSES:
+		for _, it := range asSlice(m["input"]) {
+			i := asMap(it)
+			if strings.HasSuffix(str(i, "type"), "_output") && ids[str(i, "call_id")] {
+				out[str(i, "call_id")] = slot{i, "output"}
+			}
+		}
+	case gatewayv1.Provider_PROVIDER_OPENAI_CHAT_COMPLETIONS:
+		for _, msg := range asSlice(m["messages"]) {
+			mm := asMap(msg)
+			if str(mm, "role") == "tool" && ids[str(mm, "tool_call_id")] {
+				out[str(mm, "tool_call_id")] = slot{mm, "content"}
+			}
+		}
+	}
+	return out
+}
+
+func asSlice(v any) []any { s, _ := v.([]any); return s }
+
+func asMap(v any) map[string]any {
+	m, _ := v.(map[string]any)
+	if m == nil {
+		return map[string]any{}
+	}
+	return m
+}
+
+func str(m map[string]any, k string) string { s, _ := m[k].(string); return s }
+
+// AnswerFromTape is answerFromTape on request bodies: incoming with the
+// outputs of its calls with outside effects replaced by taped's, and
+// whether anything was replaced (incoming is returned as is otherwise).
+func AnswerFromTape(provider gatewayv1.Provider, taped, incoming []byte) ([]byte, bool) {
+	var a, b any
+	if decode(taped, &a) != nil || decode(incoming, &b) != nil || !answerFromTape(provider, a, b) {
+		return incoming, false
+	}
+	out, err := json.Marshal(b)
+	if err != nil {
+		return incoming, false
+	}
+	return out, true
+}
