@@ -101,15 +101,17 @@ func (m *Manager) Fork(ctx context.Context, in ForkInput) (*Fork, error) {
 		if in.Harness != "" {
 			return nil, fault.InvalidArgument("harness_lock", "harness_lock %s sets the forks' harness: leave harness out", in.HarnessLock)
 		}
-		lock, err := m.forkLock(ctx, in.HarnessLock)
-		if err != nil {
-			return nil, err
-		}
-		in.lock = &lock
 	}
 	parent, err := m.get(ctx, in.Parent)
 	if err != nil {
 		return nil, err
+	}
+	if in.HarnessLock != "" {
+		lock, err := m.forkLock(ctx, in.HarnessLock, parent.Environment)
+		if err != nil {
+			return nil, err
+		}
+		in.lock = &lock
 	}
 	if err := refuseHarnessSwitch(parent, in.Harness); err != nil {
 		return nil, err

@@ -73,7 +73,7 @@ func (m *Manager) thaw(ctx context.Context, n *NewSession) error {
 
 // forkLock reads the harness lock forks are thawed from and checks the
 // CLI version it pins, as a thaw does.
-func (m *Manager) forkLock(ctx context.Context, ref string) (harnesslock.Lock, error) {
+func (m *Manager) forkLock(ctx context.Context, ref, environment string) (harnesslock.Lock, error) {
 	if m.d.Locks == nil {
 		return harnesslock.Lock{}, fault.FailedPrecondition("HARNESS_REPO_UNSET", "no harness locks here (harness_lock %s): set HANGAR_HARNESS_REPO to the git repository holding %s", ref, harnesslock.FileName)
 	}
@@ -81,7 +81,7 @@ func (m *Manager) forkLock(ctx context.Context, ref string) (harnesslock.Lock, e
 	if err != nil {
 		return harnesslock.Lock{}, err
 	}
-	if err := m.checkCLIVersion(ctx, lock); err != nil {
+	if err := m.checkCLIVersion(ctx, lock, environment); err != nil {
 		return harnesslock.Lock{}, err
 	}
 	return lock, nil
