@@ -107,6 +107,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		now = time.Now
 	}
 	holdStore := holds.New(redis.Client, "hangar:session:holds:", now)
+	var replicas *sessions.Replicas
+	if !cfg.SoleReplica {
+		replicas = sessions.NewReplicas(redis.Client, "hangar:session:")
+	}
 	a.manager = sessions.New(sessions.Deps{
 		Store:       records,
 		Holds:       holdStore,
@@ -119,6 +123,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		Config: sessions.Config{
 			IdleMinutes:       cfg.IdleMinutes,
 			CheckpointMinutes: cfg.CheckpointMinutes,
+			ReapInterval:      time.Duration(cfg.SweepSeconds) * time.Second,
 			TurnTimeout:       time.Duration(cfg.TurnTimeoutMinutes) * time.Minute,
 			Cache:             cfg.Cache,
 			Harnesses: harness.Options{
@@ -128,9 +133,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 			SoleReplica:  cfg.SoleReplica,
 			HarnessDrift: cfg.HarnessDrift,
 		},
-		Claims: sessions.NewClaims(redis.Client, "hangar:session:claims:"),
-		Locks:  harnesslock.NewRepo(cfg.HarnessRepo, filepath.Join(cfg.Home, "harness-locks")),
-		CLIs:   hostCLIs{cfg: cfg},
+		Claims:   sessions.NewClaims(redis.Client, "hangar:session:claims:"),
+		Locks:    harnesslock.NewRepo(cfg.HarnessRepo, filepath.Join(cfg.Home, "harness-locks")),
+		CLIs:     hostCLIs{cfg: cfg},
+		Replicas: replicas,
 	})
 	jobs := sessions.NewJobs(a.manager, sessions.NewJobClaims(redis.Client, "hangar:session:jobs:"))
 	sessionsServer := server.New(a.manager, records, holdStore)
