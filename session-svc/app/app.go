@@ -76,6 +76,15 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		return nil, err
 	}
 	a.closers = append(a.closers, redis.Close)
+	// Replicas on one Redis must share the token and the session
+	// database: one that disagrees refuses to start, naming the setting.
+	database := cfg.DatabaseURL
+	if database == "" {
+		database = "sqlite:" + filepath.Join(cfg.Home, "sessions.db")
+	}
+	if err := redis.Agree(ctx, []redisconn.Setting{{Name: "HANGAR_TOKEN", Value: cfg.Token}, {Name: "HANGAR_DATABASE_URL", Value: database}}); err != nil {
+		return nil, err
+	}
 	artifacts, err := blob.NewDir(filepath.Join(cfg.Home, "artifacts"))
 	if err != nil {
 		return nil, fmt.Errorf("HANGAR_HOME=%s: cannot use the artifact directory: %w", cfg.Home, err)
