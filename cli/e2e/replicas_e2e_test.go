@@ -17,6 +17,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -57,6 +58,27 @@ func (p *svcProcess) start(t *testing.T) {
 		_ = cmd.Wait()
 		close(exited)
 	}(p.cmd, p.exited)
+}
+
+// waitListening waits until the process accepts connections.
+func (p *svcProcess) waitListening(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for ; ; <-time.After(50 * time.Millisecond) {
+		select {
+		case <-p.exited:
+			b, _ := os.ReadFile(p.log.Name())
+			t.Fatalf("%s exited at start:\n%s", p.name, b)
+		default:
+		}
+		if c, err := net.Dial("tcp", p.addr); err == nil {
+			_ = c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never listened on %s", p.name, p.addr)
+		}
+	}
 }
 
 func (p *svcProcess) stop(t *testing.T, sig syscall.Signal) {
@@ -190,6 +212,9 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 	for _, p := range rs.procs {
 		p.start(t)
 	}
+	for _, p := range rs.procs {
+		p.waitListening(t)
+	}
 	rs.a = rs.dial(t, "1")
 	rs.b = rs.dial(t, "2")
 	return rs
@@ -237,6 +262,7 @@ func (rs *replicaSet) waitUp(t *testing.T, s stack) {
 func (rs *replicaSet) restart(t *testing.T, name string, side stack) {
 	t.Helper()
 	rs.byName[name].start(t)
+	rs.byName[name].waitListening(t)
 	rs.waitUp(t, side)
 }
 
@@ -381,7 +407,19 @@ func TestReplicas(t *testing.T) {
 	rs.byName["gateway-2"].stop(t, syscall.SIGKILL)
 	rs.byName["sandbox-2"].start(t)
 	rs.byName["gateway-2"].start(t)
+	rs.byName["sandbox-2"].waitListening(t)
+	rs.byName["gateway-2"].waitListening(t)
 	rs.waitUp(t, b)
+	// Its turn ended when its sandbox's process died; the sandbox-svc
+	// back on its root revived the sandbox under its lease: suspend it
+	// (the work since the last checkpoint is captured), then check.
+	waitState(t, b, "midsandbox", 2*time.Minute, sessionv1.SessionState_SESSION_STATE_SUSPENDED, sessionv1.SessionState_SESSION_STATE_IDLE,
+		sessionv1.SessionState_SESSION_STATE_FAILED, sessionv1.SessionState_SESSION_STATE_NEEDS_INPUT)
+	if s := b.get(t, "midsandbox"); s.GetState() != sessionv1.SessionState_SESSION_STATE_SUSPENDED {
+		if _, err := b.sessions.SuspendSession(ctx, &sessionv1.SuspendSessionRequest{Name: "midsandbox"}); err != nil {
+			t.Errorf("midsandbox: suspend after sandbox-svc 2 came back (%v, %s): %v", s.GetState(), s.GetStateReason(), err)
+		}
+	}
 	check("midsandbox")
 
 	// The idle sweeps of both replicas: an idle session is suspended once.

@@ -357,6 +357,7 @@ func (m *Manager) WaitTurn(ctx context.Context, name string, number int, progres
 		}
 		select {
 		case <-wake:
+		case <-m.peerPoll():
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -405,6 +406,7 @@ func (m *Manager) FollowEvents(ctx context.Context, name string, afterSeq int64,
 		}
 		select {
 		case <-wake:
+		case <-m.peerPoll():
 		case <-ctx.Done():
 			return nil
 		}

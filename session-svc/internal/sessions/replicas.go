@@ -212,3 +212,17 @@ func (m *Manager) adoptOrphan(ctx context.Context, name, sandboxID string, token
 	m.keepLease(name, sandboxID, token)
 	m.log.WarnContext(ctx, "session of a stopped replica adopted", "session", name, "sandbox", sandboxID)
 }
+
+// peerPollEvery is how often a wait on a session (a turn's end, events, a
+// job) reads the records again when other replicas may write them: their
+// changes wake only their own process's waiters.
+const peerPollEvery = 500 * time.Millisecond
+
+// peerPoll fires after peerPollEvery when other replicas may change what a
+// waiter waits for; never in a process of its own.
+func (m *Manager) peerPoll() <-chan time.Time {
+	if m.d.Replicas == nil {
+		return nil
+	}
+	return time.After(peerPollEvery)
+}
