@@ -155,6 +155,7 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 	for _, n := range []string{"session-1", "session-2", "sandbox-1", "sandbox-2", "checkpoint-1", "checkpoint-2", "gateway-1", "gateway-2"} {
 		addrs[n] = freeAddr(t)
 	}
+	t.Logf("addresses: %v", addrs)
 	common := append(append(os.Environ(),
 		"HANGAR_HOME="+home, "HANGAR_TOKEN="+rs.token, "HANGAR_REDIS_URL="+r.url(),
 		"HANGAR_LOG_LEVEL=info", "HANGAR_VAULT_KEY_FILE="+keyFile,
@@ -198,14 +199,15 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 				b, _ := os.ReadFile(p.log.Name())
 				var lines []string
 				for _, line := range strings.Split(string(b), "\n") {
-					if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+					if (strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR")) && !strings.Contains(line, "has no password") {
 						lines = append(lines, line)
 					}
 				}
 				if len(lines) > 30 {
 					lines = lines[len(lines)-30:]
 				}
-				t.Logf("%s's warnings and errors:\n%s", p.name, strings.Join(lines, "\n"))
+				all := strings.Split(strings.TrimSpace(string(b)), "\n")
+				t.Logf("%s's warnings and errors:\n%s\nits last lines:\n%s", p.name, strings.Join(lines, "\n"), strings.Join(all[max(0, len(all)-4):], "\n"))
 			}
 		}
 	})
