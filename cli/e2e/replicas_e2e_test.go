@@ -33,6 +33,8 @@ import (
 	"github.com/hangar-dev/hangar/cli/client"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // svcProcess is one service binary run as its own process, restartable
@@ -417,9 +419,20 @@ func TestReplicas(t *testing.T) {
 	// (the work since the last checkpoint is captured), then check.
 	waitState(t, b, "midsandbox", 2*time.Minute, sessionv1.SessionState_SESSION_STATE_SUSPENDED, sessionv1.SessionState_SESSION_STATE_IDLE,
 		sessionv1.SessionState_SESSION_STATE_FAILED, sessionv1.SessionState_SESSION_STATE_NEEDS_INPUT)
-	if s := b.get(t, "midsandbox"); s.GetState() != sessionv1.SessionState_SESSION_STATE_SUSPENDED {
-		if _, err := b.sessions.SuspendSession(ctx, &sessionv1.SuspendSessionRequest{Name: "midsandbox"}); err != nil {
-			t.Errorf("midsandbox: suspend after sandbox-svc 2 came back (%v, %s): %v", s.GetState(), s.GetStateReason(), err)
+	// session-svc 2's connections to the restarted services may still be
+	// in their reconnect backoff: Unavailable says to try again, as a
+	// client does.
+	for deadline := time.Now().Add(time.Minute); ; <-time.After(200 * time.Millisecond) {
+		s := b.get(t, "midsandbox")
+		if s.GetState() == sessionv1.SessionState_SESSION_STATE_SUSPENDED {
+			break
+		}
+		_, err := b.sessions.SuspendSession(ctx, &sessionv1.SuspendSessionRequest{Name: "midsandbox"})
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("midsandbox: suspend after sandbox-svc 2 came back (%v, %s): %v", s.GetState(), s.GetStateReason(), err)
 		}
 	}
 	check("midsandbox")
