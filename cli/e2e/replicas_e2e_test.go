@@ -454,7 +454,9 @@ func TestReplicas(t *testing.T) {
 		s := waitState(t, a, n, 3*time.Minute, sessionv1.SessionState_SESSION_STATE_SUSPENDED)
 		idles := 0
 		for _, tr := range s.GetTransitions() {
-			if strings.HasPrefix(tr.GetReason(), "idle for") {
+			// One suspend is idle → suspending → suspended, both with
+			// the idle clock's reason.
+			if tr.GetTo() == sessionv1.SessionState_SESSION_STATE_SUSPENDING && strings.HasPrefix(tr.GetReason(), "idle for") {
 				idles++
 			}
 		}
