@@ -213,11 +213,20 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 			}
 		}
 	})
-	for _, p := range rs.procs {
-		p.start(t)
-	}
-	for _, p := range rs.procs {
-		p.waitListening(t)
+	// In dependency order, each tier listening before the next starts
+	// (a deployment's readiness): a client that dialed a service not yet
+	// up waits out its reconnect backoff.
+	for _, tier := range []string{"gateway-", "sandbox-", "checkpoint-", "session-"} {
+		for _, p := range rs.procs {
+			if strings.HasPrefix(p.name, tier) {
+				p.start(t)
+			}
+		}
+		for _, p := range rs.procs {
+			if strings.HasPrefix(p.name, tier) {
+				p.waitListening(t)
+			}
+		}
 	}
 	rs.a = rs.dial(t, "1")
 	rs.b = rs.dial(t, "2")
