@@ -6,6 +6,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -26,6 +27,7 @@ import (
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/server"
 	"github.com/hangar-dev/hangar/platform/blob"
 	"github.com/hangar-dev/hangar/platform/logging"
+	"github.com/hangar-dev/hangar/platform/redisconn"
 	"github.com/hangar-dev/hangar/platform/rpc"
 	"github.com/hangar-dev/hangar/platform/service"
 )
@@ -55,6 +57,35 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	store, closeGCS, err := openStore(ctx, cfg)
 	if err != nil {
 		return nil, err
+	}
+	// Replicas sharing a Redis (and so a store) must seal with one vault
+	// key into one store: one that disagrees refuses to start.
+	var agreed *redisconn.Conn
+	if cfg.RedisURL != "" {
+		keyBytes, err := os.ReadFile(cfg.VaultKeyFile)
+		if err != nil {
+			_ = closeGCS()
+			return nil, fmt.Errorf("HANGAR_VAULT_KEY_FILE=%s: %w", cfg.VaultKeyFile, err)
+		}
+		storeName := cfg.Store
+		if storeName == "" {
+			storeName = filepath.Join(cfg.Home, "checkpoints")
+		}
+		if agreed, err = redisconn.Open(ctx, cfg.RedisURL, logger); err != nil {
+			_ = closeGCS()
+			return nil, err
+		}
+		if err := agreed.Agree(ctx, []redisconn.Setting{
+			{Name: "HANGAR_TOKEN", Value: cfg.Token},
+			{Name: "HANGAR_VAULT_KEY_FILE", Value: strings.TrimSpace(string(keyBytes))},
+			{Name: "HANGAR_SESSION_STORE", Value: storeName},
+		}); err != nil {
+			_ = agreed.Close()
+			_ = closeGCS()
+			return nil, err
+		}
+		prev := closeGCS
+		closeGCS = func() error { return errors.Join(agreed.Close(), prev()) }
 	}
 	// Checkpoint streams run as long as a capture or restore takes: no
 	// default per-call deadline on this connection.

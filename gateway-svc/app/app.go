@@ -50,6 +50,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := redis.Agree(ctx, []redisconn.Setting{{Name: "HANGAR_TOKEN", Value: cfg.Token}}); err != nil {
+		_ = redis.Close()
+		return nil, err
+	}
 	tapes, err := blob.NewDir(filepath.Join(cfg.Home, "tapes"))
 	if err != nil {
 		_ = redis.Close()

@@ -4,6 +4,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -26,6 +27,7 @@ import (
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/kubernetes"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/peers"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/server"
 )
 
@@ -45,6 +47,8 @@ type App struct {
 	sandboxes *server.Server
 	driver    driver.Driver
 	redis     *redisconn.Conn
+	// peers forwards calls on other replicas' sandboxes (nil: one replica).
+	peers *peers.Server
 }
 
 // newDriver builds the driver cfg.Driver names.
@@ -56,7 +60,7 @@ func newDriver(ctx context.Context, cfg Config, logger *slog.Logger) (driver.Dri
 			return nil, err
 		}
 		return local.New(local.Options{
-			Root: cfg.Home, Gateway: local.ParseGateway(cfg.GatewayAddr), Logger: logger, Now: time.Now,
+			Root: cmp.Or(cfg.Root, cfg.Home), Gateway: local.ParseGateway(cfg.GatewayAddr), Logger: logger, Now: time.Now,
 			CopyFiles: cfg.Copies == "files", Tool: tool,
 			Isolation: isolation(cfg.Isolation),
 			// Agent CLIs named without a directory are looked up on this
@@ -125,6 +129,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := redis.Agree(ctx, []redisconn.Setting{{Name: "HANGAR_TOKEN", Value: cfg.Token}}); err != nil {
+		_ = redis.Close()
+		return nil, err
+	}
 	svcLogger := logger.With("service", Name)
 	drv, err := newDriver(ctx, cfg, svcLogger)
 	if err != nil {
@@ -145,12 +153,21 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		_ = redis.Close()
 		return nil, fmt.Errorf("starting the sandbox service: %w", err)
 	}
+	var served sandboxv1.SandboxServiceServer = sandboxes
+	var fwd *peers.Server
+	if cfg.PeerAddr != "" {
+		fwd = peers.New(sandboxes, peers.Options{
+			Self: cfg.PeerAddr, Token: cfg.Token, Redis: redis.Client, Prefix: "hangar:sandbox:",
+			Logger: svcLogger, Timeout: longCallTimeout,
+		})
+		served = fwd
+	}
 	svc, err := service.New(ctx, service.Options{
 		Name:   Name,
 		Common: cfg.Common,
 		Logger: logger,
 		Register: func(s *grpc.Server) {
-			sandboxv1.RegisterSandboxServiceServer(s, sandboxes)
+			sandboxv1.RegisterSandboxServiceServer(s, served)
 		},
 		Gateways: []service.Gateway{sandboxv1.RegisterSandboxServiceHandler},
 		OpenAPI:  openapi.Document,
@@ -163,7 +180,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		_ = redis.Close()
 		return nil, err
 	}
-	return &App{svc: svc, sandboxes: sandboxes, driver: drv, redis: redis}, nil
+	return &App{svc: svc, sandboxes: sandboxes, driver: drv, redis: redis, peers: fwd}, nil
 }
 
 func isolation(name string) local.Isolation {
@@ -184,11 +201,40 @@ func (a *App) Handler() http.Handler { return a.svc.Handler() }
 // Run serves on lis until ctx ends, then destroys every sandbox (running
 // destroy hooks) and releases the service's resources.
 func (a *App) Run(ctx context.Context, lis net.Listener) error {
-	err := a.svc.Serve(ctx, lis)
-	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	base := context.WithoutCancel(ctx)
+	peersDone := make(chan struct{})
+	peersCtx, stopPeers := context.WithCancel(base)
+	go func() {
+		defer close(peersDone)
+		if a.peers != nil {
+			a.peers.Run(peersCtx)
+		}
+	}()
+	serveCtx, stopServing := context.WithCancel(base)
+	defer stopServing()
+	served := make(chan error, 1)
+	go func() { served <- a.svc.Serve(serveCtx, lis) }()
+	var err error
+	serving := true
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		serving = false
+	}
+	// Destroy every sandbox while still serving: the destroy hooks'
+	// subscribers (session-svc) checkpoint through this replica before
+	// each goes, so a rolling update keeps the work of the turns it ends.
+	// It stops counting as a live replica first (no new copies land here).
+	stopPeers()
+	<-peersDone
+	closeCtx, cancel := context.WithTimeout(base, shutdownTimeout)
 	defer cancel()
 	if cerr := a.sandboxes.Close(closeCtx); cerr != nil {
 		a.svc.Logger().WarnContext(ctx, "sandbox shutdown failed", "error", cerr)
+	}
+	stopServing()
+	if serving {
+		err = <-served
 	}
 	if cerr := closeDriver(a.driver); cerr != nil {
 		a.svc.Logger().WarnContext(ctx, "sandbox driver close failed", "error", cerr)

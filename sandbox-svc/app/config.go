@@ -16,6 +16,12 @@ type Config struct {
 	Addr string `env:"HANGAR_SANDBOX_ADDR" flag:"addr" default:"127.0.0.1:7402" help:"host:port for gRPC and REST"`
 	// Driver runs sandboxes: local (directories and processes) or
 	// kubernetes (pods; the Kube* settings below).
+	// PeerAddr makes this one of several replicas (see internal/peers):
+	// the address the others reach it at. Empty: the only one.
+	PeerAddr string `env:"HANGAR_SANDBOX_PEER_ADDR" flag:"peer-addr" help:"host:port other sandbox-svc replicas reach this one at; set on every replica of several (each with its own HANGAR_SANDBOX_ROOT)"`
+	// Root is where the local driver keeps sandboxes (its sandboxes/
+	// directory, locked by one process); HANGAR_HOME when empty.
+	Root   string `env:"HANGAR_SANDBOX_ROOT" flag:"root" path:"true" help:"directory the local driver keeps sandboxes under (default HANGAR_HOME); one per replica"`
 	Driver string `env:"HANGAR_SANDBOX_DRIVER" flag:"driver" default:"local" oneof:"local|kubernetes" help:"sandbox driver: local or kubernetes"`
 	// The kubernetes driver's settings.
 	KubeConfig    string `env:"HANGAR_KUBE_CONFIG" flag:"kube-config" path:"true" help:"kubeconfig of the cluster sandboxes run in (empty: the in-cluster service account)"`

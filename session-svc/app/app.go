@@ -79,6 +79,15 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		return nil, err
 	}
 	a.closers = append(a.closers, redis.Close)
+	// Replicas on one Redis must share the token and the session
+	// database: one that disagrees refuses to start, naming the setting.
+	database := cfg.DatabaseURL
+	if database == "" {
+		database = "sqlite:" + filepath.Join(cfg.Home, "sessions.db")
+	}
+	if err := redis.Agree(ctx, []redisconn.Setting{{Name: "HANGAR_TOKEN", Value: cfg.Token}, {Name: "HANGAR_DATABASE_URL", Value: database}}); err != nil {
+		return nil, err
+	}
 	artifacts, err := blob.NewDir(filepath.Join(cfg.Home, "artifacts"))
 	if err != nil {
 		return nil, fmt.Errorf("HANGAR_HOME=%s: cannot use the artifact directory: %w", cfg.Home, err)
@@ -124,6 +133,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		now = time.Now
 	}
 	holdStore := holds.New(redis.Client, "hangar:session:holds:", now)
+	var replicas *sessions.Replicas
+	if !cfg.SoleReplica {
+		replicas = sessions.NewReplicas(redis.Client, "hangar:session:")
+	}
 	a.manager = sessions.New(sessions.Deps{
 		Store:       records,
 		Holds:       holdStore,
@@ -136,6 +149,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 		Config: sessions.Config{
 			IdleMinutes:       cfg.IdleMinutes,
 			CheckpointMinutes: cfg.CheckpointMinutes,
+			ReapInterval:      time.Duration(cfg.SweepSeconds) * time.Second,
 			TurnTimeout:       time.Duration(cfg.TurnTimeoutMinutes) * time.Minute,
 			Cache:             cfg.Cache,
 			Harnesses: harness.Options{
@@ -145,9 +159,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (_ *App, err erro
 			SoleReplica:  cfg.SoleReplica,
 			HarnessDrift: cfg.HarnessDrift,
 		},
-		Claims: sessions.NewClaims(redis.Client, "hangar:session:claims:"),
-		Locks:  harnesslock.NewRepo(cfg.HarnessRepo, filepath.Join(cfg.Home, "harness-locks")),
-		CLIs:   hostCLIs{cfg: cfg},
+		Claims:   sessions.NewClaims(redis.Client, "hangar:session:claims:"),
+		Locks:    harnesslock.NewRepo(cfg.HarnessRepo, filepath.Join(cfg.Home, "harness-locks")),
+		CLIs:     hostCLIs{cfg: cfg},
+		Replicas: replicas,
 	})
 	jobs := sessions.NewJobs(a.manager, sessions.NewJobClaims(redis.Client, "hangar:session:jobs:"))
 	sessionsServer := server.New(a.manager, records, holdStore)

@@ -27,6 +27,7 @@ type Config struct {
 	CacheStaggerSeconds int    `env:"HANGAR_CACHE_STAGGER_SECONDS" flag:"cache-stagger-seconds" default:"15" min:"0" unit:"seconds" help:"how long forks hold back for the first sibling to answer (0 = no wait)"`
 	IdleMinutes         int    `env:"HANGAR_SESSION_IDLE_MINUTES" flag:"session-idle-minutes" default:"30" min:"0" unit:"minutes" help:"suspend after this long idle (0 = never)"`
 	CheckpointMinutes   int    `env:"HANGAR_SESSION_CHECKPOINT_MINUTES" flag:"session-checkpoint-minutes" default:"10" min:"1" unit:"minutes" help:"periodic checkpoint while changed"`
+	SweepSeconds        int    `env:"HANGAR_SESSION_SWEEP_SECONDS" flag:"session-sweep-seconds" default:"30" min:"1" max:"3600" unit:"seconds" help:"how often the idle clock, periodic checkpoints and recovery of stopped replicas' sessions run"`
 	TurnTimeoutMinutes  int    `env:"HANGAR_SESSION_TURN_TIMEOUT_MINUTES" flag:"session-turn-timeout-minutes" default:"120" min:"1" unit:"minutes" help:"longest a turn may run"`
 	HarnessRepo         string `env:"HANGAR_HARNESS_REPO" flag:"harness-repo" help:"repository of harness locks (harnesses.lock.yaml)"`
 	HarnessDrift        string `env:"HANGAR_HARNESS_DRIFT" flag:"harness-drift" default:"warn" oneof:"warn|fail" help:"what a thawed session's turn 1 does on drift"`

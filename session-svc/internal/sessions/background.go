@@ -33,6 +33,8 @@ func (m *Manager) Run(ctx context.Context, tick <-chan time.Time) error {
 		defer ticker.Stop()
 		tick = ticker.C
 	}
+	stopBeat := m.runReplica(ctx)
+	defer stopBeat()
 	m.recoverAtStart(ctx)
 	// The hold table as found at start is this process's baseline: only
 	// a loss after it starts a grace (holdsInDoubt).
@@ -85,21 +87,40 @@ func (m *Manager) Sweep(ctx context.Context) {
 			}
 			continue
 		}
-		at, err := m.SuspendAt(ctx, s)
-		if err != nil {
-			m.log.WarnContext(ctx, "idle clock unreadable", "session", s.Name, "error", err)
-			continue
-		}
-		if !at.IsZero() && !now.Before(at) && !m.holdsInDoubt(ctx, now) {
-			reason := fmt.Sprintf("idle for %d minutes", m.idleMinutes(s))
-			if _, err := m.Suspend(ctx, s.Name, reason); err != nil {
-				m.log.WarnContext(ctx, "idle suspend failed", "session", s.Name, "error", err)
-			}
-			continue
-		}
-		m.periodicCheckpoint(ctx, s, now)
+		// Up on a replica that died: keep its lease from here.
+		m.adoptOrphan(ctx, s.Name, s.SandboxID, s.FencingToken)
+		m.sweepSession(ctx, s, now)
 	}
 	m.adoptJobs(ctx)
+}
+
+// sweepSession is the idle clock's work on one up session, under its
+// sweep lease (one replica at a time): an idle suspend, or a periodic
+// checkpoint. The record is read again under the lease, so a session
+// another replica's sweep just suspended is left alone.
+func (m *Manager) sweepSession(ctx context.Context, s *store.Session, now time.Time) {
+	release, ok := m.sweepLease(ctx, s.Name)
+	if !ok {
+		return
+	}
+	defer release()
+	cur, err := m.d.Store.GetSession(ctx, s.Name)
+	if err != nil || cur.SandboxID == "" || (cur.State != store.StateIdle && cur.State != store.StateNeedsInput) {
+		return
+	}
+	at, err := m.SuspendAt(ctx, cur)
+	if err != nil {
+		m.log.WarnContext(ctx, "idle clock unreadable", "session", s.Name, "error", err)
+		return
+	}
+	if !at.IsZero() && !now.Before(at) && !m.holdsInDoubt(ctx, now) {
+		reason := fmt.Sprintf("idle for %d minutes", m.idleMinutes(cur))
+		if _, err := m.Suspend(ctx, s.Name, reason); err != nil {
+			m.log.WarnContext(ctx, "idle suspend failed", "session", s.Name, "error", err)
+		}
+		return
+	}
+	m.periodicCheckpoint(ctx, cur, now)
 }
 
 // holdGrace is how long the idle clock suspends nothing after the hold
@@ -182,9 +203,15 @@ func (m *Manager) checkpointRunning(ctx context.Context) {
 	}
 	now := m.now()
 	for _, s := range running {
-		if s.SandboxID != "" {
-			m.periodicCheckpointWith(ctx, s, now, true)
+		if s.SandboxID == "" {
+			continue
 		}
+		release, ok := m.sweepLease(ctx, s.Name)
+		if !ok {
+			continue
+		}
+		m.periodicCheckpointWith(ctx, s, now, true)
+		release()
 	}
 }
 

@@ -258,6 +258,8 @@ func (js *Jobs) Wait(ctx context.Context, id string) (*Job, error) {
 		select {
 		case <-wake:
 			stop()
+		case <-js.m.peerPoll():
+			stop()
 		case <-ctx.Done():
 			stop()
 			return nil, ctx.Err()

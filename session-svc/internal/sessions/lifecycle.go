@@ -296,16 +296,31 @@ func (m *Manager) Steer(ctx context.Context, name, message string) error {
 		runID = at.runID
 	}
 	m.mu.Unlock()
+	number := 0
+	if at != nil {
+		number = at.number
+	}
 	if runID == "" {
-		if _, err := m.get(ctx, name); err != nil {
+		// A turn another replica runs: its run is on the turn's record,
+		// and the gateway (any replica: steering is queued in Redis)
+		// hands the message to the agent.
+		s, err := m.get(ctx, name)
+		if err != nil {
 			return err
 		}
-		return fault.FailedPrecondition("NO_TURN_RUNNING", "session %q has no running turn to steer: use send", name)
+		if s.State == store.StateRunning {
+			if t, err := m.turn(ctx, name, 0); err == nil && t.EndedAt == nil && t.RunID != "" {
+				runID, number = t.RunID, t.Number
+			}
+		}
+		if runID == "" {
+			return fault.FailedPrecondition("NO_TURN_RUNNING", "session %q has no running turn to steer: use send", name)
+		}
 	}
 	if _, err := m.d.Gateway.SteerRun(ctx, &gatewayv1.SteerRunRequest{Run: runID, Message: message}); err != nil {
 		return fmt.Errorf("steer %s: %w", name, err)
 	}
-	m.appendStoreEvents(ctx, name, []store.Event{{Turn: at.number, Kind: "steer", Text: message}})
+	m.appendStoreEvents(ctx, name, []store.Event{{Turn: number, Kind: "steer", Text: message}})
 	return nil
 }
 
@@ -342,6 +357,7 @@ func (m *Manager) WaitTurn(ctx context.Context, name string, number int, progres
 		}
 		select {
 		case <-wake:
+		case <-m.peerPoll():
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -390,6 +406,7 @@ func (m *Manager) FollowEvents(ctx context.Context, name string, afterSeq int64,
 		}
 		select {
 		case <-wake:
+		case <-m.peerPoll():
 		case <-ctx.Done():
 			return nil
 		}

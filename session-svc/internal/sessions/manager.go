@@ -79,6 +79,9 @@ type Deps struct {
 	// CLIs says which version of each agent CLI the sandboxes run; nil
 	// skips the check a thaw makes before any sandbox work.
 	CLIs CLIVersions
+	// Replicas is what this replica knows of the others (heartbeats,
+	// session owners, sweep leases); nil: one process.
+	Replicas *Replicas
 }
 
 // Manager runs sessions.
@@ -243,6 +246,9 @@ func (m *Manager) transition(ctx context.Context, name, to, reason string, from 
 		return nil, fault.FailedPrecondition("SESSION_STATE", "session %q is %s: it can't go to %s now", name, state, to)
 	case err != nil:
 		return nil, fmt.Errorf("session %s to %s: %w", name, to, err)
+	}
+	if to == store.StateRunning || to == store.StateResuming || to == store.StateSuspending {
+		m.markOwner(ctx, name)
 	}
 	m.events.publish(name)
 	return s, nil

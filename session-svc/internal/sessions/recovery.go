@@ -90,18 +90,25 @@ func (m *Manager) recoverSession(ctx context.Context, s *store.Session) (did boo
 	if err != nil {
 		return false, fmt.Errorf("holds: %w", err)
 	}
+	transient := s.State == store.StateRunning || s.State == store.StateResuming || s.State == store.StateSuspending
+	// The replica that owns it (moved it to this state, or renews its
+	// lease) has stopped: what it was doing is left behind at once, its
+	// turn hold (lapsing in up to a lease TTL) notwithstanding.
+	ownerDead := false
+	if transient {
+		ownerDead, _ = m.ownerDead(ctx, s.Name)
+	}
 	for _, h := range live {
-		if h.Kind == holds.KindTurn {
+		if h.Kind == holds.KindTurn && !ownerDead {
 			// Another process runs a turn of it.
 			return false, nil
 		}
 	}
-
-	transient := s.State == store.StateRunning || s.State == store.StateResuming || s.State == store.StateSuspending
-	if transient && s.State != store.StateRunning && !m.cfg.SoleReplica && m.now().Sub(s.StateChangedAt) < transientGrace {
+	if transient && s.State != store.StateRunning && !m.cfg.SoleReplica && !ownerDead && m.now().Sub(s.StateChangedAt) < transientGrace {
 		// Another replica may be opening or suspending it right now (no
-		// hold marks those): only one that has been at it for longer
-		// than any call may take is stuck.
+		// hold marks those; its owner mark says which, and it lives):
+		// only one that has been at it for longer than any call may
+		// take is stuck.
 		return false, nil
 	}
 	if transient && s.State != store.StateRunning && m.cfg.SoleReplica && !s.StateChangedAt.Before(m.startedAt) {
@@ -223,6 +230,9 @@ func (m *Manager) settle(ctx context.Context, s *store.Session, sb *sandboxv1.Sa
 		m.mu.Lock()
 		m.sandboxes[sb.GetId()] = sb
 		m.mu.Unlock()
+		// A turn's agent (its detached tool shells) may still write:
+		// nothing may while the tree is captured.
+		m.killProcesses(ctx, s.Name, sb.GetId(), token)
 		cp, err := m.checkpoint(ctx, s, 0, "before_destroy", token)
 		if err != nil {
 			// Keep the sandbox leased: releasing it would lose the work.

@@ -30,7 +30,8 @@ type leaseKeeper struct {
 
 // keepLease starts renewing the lease of s's sandbox.
 func (m *Manager) keepLease(name, sandboxID string, token uint64) {
-	stop := m.heartbeat(m.background, "lease renewal", func(ctx context.Context) {
+	k := &leaseKeeper{}
+	k.stop = m.heartbeat(m.background, "lease renewal", func(ctx context.Context) {
 		_, err := m.d.Sandboxes.RenewLease(ctx, &sandboxv1.RenewLeaseRequest{
 			SandboxId: sandboxID, FencingToken: token, TtlSeconds: int32(m.cfg.LeaseTTL / time.Second),
 		})
@@ -38,15 +39,47 @@ func (m *Manager) keepLease(name, sandboxID string, token uint64) {
 			// A lost lease ends in a destroy notice, which checkpoints
 			// the session first; nothing more to do here.
 			m.log.WarnContext(ctx, "sandbox lease renewal failed", "session", name, "sandbox", sandboxID, "error", err)
+			if c := status.Code(err); c == codes.NotFound || c == codes.FailedPrecondition {
+				// Gone, or released by another replica (a suspend it
+				// made): no renewal can succeed again.
+				go m.dropLeaseOf(name, k)
+			}
 		}
 	})
 	m.mu.Lock()
 	old := m.leases[name]
-	m.leases[name] = &leaseKeeper{stop: stop}
+	m.leases[name] = k
 	m.mu.Unlock()
 	if old != nil {
 		old.stop()
 	}
+	m.markOwner(m.background, name)
+}
+
+// ensureLease renews the lease of s's sandbox from this process, unless it
+// does already.
+func (m *Manager) ensureLease(s *store.Session) {
+	if s.SandboxID == "" {
+		return
+	}
+	m.mu.Lock()
+	_, here := m.leases[s.Name]
+	m.mu.Unlock()
+	if !here {
+		m.keepLease(s.Name, s.SandboxID, s.FencingToken)
+	}
+}
+
+// dropLeaseOf stops k, if it is still the session's lease keeper.
+func (m *Manager) dropLeaseOf(name string, k *leaseKeeper) {
+	m.mu.Lock()
+	if m.leases[name] != k {
+		m.mu.Unlock()
+		return
+	}
+	delete(m.leases, name)
+	m.mu.Unlock()
+	k.stop()
 }
 
 // dropLease stops renewing a session's lease.

@@ -394,6 +394,10 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 			return failed("could not "+verb, err)
 		}
 	}
+	// A sandbox another replica booted (or one this process did not
+	// keep): this process renews its lease while its turn runs, so the
+	// turn outlives the replica that booted it.
+	m.ensureLease(s)
 	sb, err := m.sandboxOf(ctx, s)
 	if err != nil {
 		return failed("sandbox unavailable", err)
