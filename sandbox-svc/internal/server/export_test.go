@@ -24,3 +24,15 @@ func (s *Server) TerminalScrollbackContains(id, want string) bool {
 	defer t.mu.Unlock()
 	return bytes.Contains(t.ring, []byte(want))
 }
+
+// LocalPoolReady is how many ready sandboxes the default environment's
+// pool of repo holds (-1: it has none).
+func (s *Server) LocalPoolReady(repo string) int {
+	s.mu.Lock()
+	lp := s.localPools[repo]
+	s.mu.Unlock()
+	if lp == nil {
+		return -1
+	}
+	return lp.pool.Stats().Ready
+}
