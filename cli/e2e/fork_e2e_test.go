@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -696,4 +697,62 @@ func benchmarkForkFanOut(b *testing.B, isolation string) {
 	}
 	b.ReportMetric(float64(took[3])/float64(took[0]), "N8/N1")
 	b.ReportMetric(float64(stored)/float64(len(made)), "stored-B/fork")
+}
+
+// BenchmarkForkFanOutTurns (issue 16): `fork -n N` with a message, timed
+// until every fork's first turn (the real Claude Code against the
+// scripted upstream) has completed, for N=1 and N=8 alternately; reports
+// each and N8/N1 (target <= 1.5).
+func BenchmarkForkFanOutTurns(b *testing.B) {
+	s := forkStart(b, nil)
+	ctx := context.Background()
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "fant", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE}); err != nil {
+		b.Fatal(err)
+	}
+	opened, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: "fant"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.mustExec(b, opened.GetSession().GetSandboxId(), `for i in $(seq 1 200); do echo "line $i" > "f$i.txt"; done && git add -A && git commit -qm work && echo edit >> f1.txt`)
+	ns := []int{1, 8}
+	took := make([]time.Duration, len(ns))
+	round, iteration := 0, 0
+	var made []string
+	for b.Loop() {
+		iteration++
+		for k := range ns {
+			at := (k + iteration) % len(ns)
+			n := ns[at]
+			round++
+			names := make([]string, n)
+			for i := range names {
+				names[i] = fmt.Sprintf("fant-%d-%d", round, i+1)
+			}
+			t0 := time.Now()
+			if _, err := s.sessions.ForkSession(ctx, &sessionv1.ForkSessionRequest{Name: "fant", N: int32(n), Names: names, Message: "Say OK."}); err != nil {
+				b.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			for _, name := range names {
+				wg.Go(func() {
+					if got := s.waitTurn(b, name, 1); got.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+						b.Errorf("first turn of %s: %v (%s)", name, got.GetOutcome(), got.GetOutcomeReason())
+					}
+				})
+			}
+			wg.Wait()
+			took[at] += time.Since(t0)
+			made = append(made, names...)
+		}
+	}
+	b.StopTimer()
+	for _, name := range made {
+		if _, err := s.sessions.ArchiveSession(ctx, &sessionv1.ArchiveSessionRequest{Name: name}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i, n := range ns {
+		b.ReportMetric(float64(took[i].Milliseconds())/float64(b.N), fmt.Sprintf("N=%d-ms", n))
+	}
+	b.ReportMetric(float64(took[1])/float64(took[0]), "N8/N1")
 }

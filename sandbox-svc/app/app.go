@@ -147,6 +147,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		Now:       time.Now,
 		KeyPrefix: server.DefaultKeyPrefix,
 		CacheSize: cacheSize(cfg.Cache), CacheMaxBytes: int64(cfg.CacheMB) << 20,
+		LocalPoolSize: cfg.LocalWarmPool,
 	})
 	if err != nil {
 		_ = closeDriver(drv)

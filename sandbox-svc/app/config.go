@@ -48,6 +48,11 @@ type Config struct {
 	Cache int `env:"HANGAR_SANDBOX_CACHE" flag:"cache" default:"8" min:"0" max:"1024" help:"released sandboxes kept for their session's resume (0: none)"`
 	// CacheMB bounds the disk the cached sandboxes take.
 	CacheMB int `env:"HANGAR_SANDBOX_CACHE_MB" flag:"cache-mb" default:"20480" min:"1" unit:"MB" help:"disk the cached sandboxes may take, in MB"`
+	// LocalWarmPool is how many ready sandboxes the built-in local
+	// environment keeps for each of the repositories acquired most
+	// recently, so a resume whose sandbox is not cached skips the clone;
+	// 0: none.
+	LocalWarmPool int `env:"HANGAR_LOCAL_WARM_POOL" flag:"local-warm-pool" default:"1" min:"0" max:"8" help:"ready sandboxes the built-in local environment keeps per recent repository (0: none)"`
 	// Isolation is how the local driver isolates sandboxes: bwrap
 	// (bubblewrap namespaces; without it no sandbox starts) or none (the
 	// operator's explicit opt-out: sandboxes see this machine as the

@@ -204,3 +204,76 @@ func TestRoundTripUnusualStates(t *testing.T) {
 		})
 	}
 }
+
+// TestRestoreIntoAMessySandbox: a restore takes the fast way (only the
+// paths that differ from the sandbox's HEAD are written) only into a
+// sandbox whose index is its HEAD's tree, and the full way whenever the
+// sandbox holds anything of its own; either way the result is the
+// checkpoint exactly, never the sandbox's leftovers.
+func TestRestoreIntoAMessySandbox(t *testing.T) {
+	t.Parallel()
+	cases := map[string]func(t *testing.T, work string){
+		"clean":          func(t *testing.T, work string) {},
+		"untracked file": func(t *testing.T, work string) { write(t, work, "src/mine.txt", "the sandbox's own\n", 0o644) },
+		"in the way": func(t *testing.T, work string) {
+			write(t, work, "new.txt", "an untracked file where one comes\n", 0o644)
+		},
+		"empty directory":  func(t *testing.T, work string) { os.MkdirAll(filepath.Join(work, "build/out"), 0o755) },
+		"modified tracked": func(t *testing.T, work string) { write(t, work, "data.bin", "not the base's\n", 0o644) },
+		"staged": func(t *testing.T, work string) {
+			write(t, work, "src/b.go", "package b // staged in the sandbox\n", 0o644)
+			git(t, work, "add", "src/b.go")
+			write(t, work, "src/b.go", "package b\n\nfunc B() {}\n", 0o644)
+		},
+		"staged new file": func(t *testing.T, work string) {
+			write(t, work, "staged.txt", "x\n", 0o644)
+			git(t, work, "add", "staged.txt")
+			os.Remove(filepath.Join(work, "staged.txt"))
+		},
+		"mode change": func(t *testing.T, work string) { os.Chmod(filepath.Join(work, "src/a.go"), 0o755) },
+		"other branch": func(t *testing.T, work string) {
+			git(t, work, "checkout", "-q", "-b", "elsewhere")
+			write(t, work, "README.md", "elsewhere\n", 0o644)
+			git(t, work, "commit", "-q", "-am", "elsewhere")
+		},
+	}
+	w := newWorld(t)
+	work, home := w.sandbox()
+	conv := messUp(t, work, home)
+	cp := w.capture("s1", work, conv...).Checkpoint
+	for name, mess := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			work2, _ := w.sandbox()
+			mess(t, work2)
+			tree, err := w.restore(cp.GetId(), work2, "")
+			if err != nil {
+				t.Fatalf("restore: %v", err)
+			}
+			if tree != cp.GetTreeHash() {
+				t.Fatalf("tree %s, want %s", tree, cp.GetTreeHash())
+			}
+			diffSnap(t, snapshot(t, work, ignored), snapshot(t, work2, nil))
+			for _, args := range [][]string{
+				{"rev-parse", "HEAD"}, {"symbolic-ref", "HEAD"}, {"ls-files", "-s"}, {"diff", "--cached", "--stat"},
+				{"status", "--porcelain=v1", "-uall"},
+			} {
+				if a, b := git(t, work, args...), git(t, work2, args...); a != b {
+					t.Errorf("git %v:\n%s\nrestored:\n%s", args, a, b)
+				}
+			}
+			if a, b := git(t, work, "rev-parse", "refs/heads/hangar/session/s1"), git(t, work2, "rev-parse", "refs/heads/hangar/session/s1"); a != b {
+				t.Errorf("branch at %s, want %s", b, a)
+			}
+			idx, err := os.Stat(filepath.Join(work2, ".git", "index"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range strings.Split(git(t, work2, "ls-files"), "\n") {
+				if fi, err := os.Lstat(filepath.Join(work2, f)); err == nil && fi.ModTime().Unix() >= idx.ModTime().Unix() {
+					t.Errorf("%s (mtime %v) is racily clean: the index was written at %v", f, fi.ModTime(), idx.ModTime())
+				}
+			}
+		})
+	}
+}

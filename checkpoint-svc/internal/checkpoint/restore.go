@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	"golang.org/x/sync/errgroup"
+
 	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/platform/fault"
 )
@@ -160,15 +162,18 @@ func (e *Engine) restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 		}
 	}()
 
-	// Phase 1: stage and check every part.
+	// Phase 1: stage and check every part, each on its own exec stream,
+	// all at once (each stage is a round trip to the sandbox; none
+	// depends on another).
+	g, gctx := errgroup.WithContext(ctx)
 	stage := func(name string, src io.Reader) error {
-		_, err := e.tool(ctx, sb, toolCall{sandboxtool.CommandStage, sandboxtool.StageRequest{Path: st + "/" + name}}, src, nil)
+		_, err := e.tool(gctx, sb, toolCall{sandboxtool.CommandStage, sandboxtool.StageRequest{Path: st + "/" + name}}, src, nil)
 		return err
 	}
 	// stagePart streams a part through check (which copies what it
 	// accepts to its writer) into the staging file.
 	stagePart := func(p *checkpointv1.Part, name string, check func(io.Reader, io.Writer) error) error {
-		pr := openPart(ctx, e.opt.Store, e.opt.Keys, p.GetObjects(), p.GetSizeBytes(), p.GetSha256())
+		pr := openPart(gctx, e.opt.Store, e.opt.Keys, p.GetObjects(), p.GetSizeBytes(), p.GetSha256())
 		defer pr.Close()
 		r, w := io.Pipe()
 		done := make(chan error, 1)
@@ -207,9 +212,7 @@ func (e *Engine) restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 		}
 		fmt.Fprintf(&refs, "%s refs/heads/%s\n", r.Commit, name)
 	}
-	if err := stage("refs", strings.NewReader(refs.String())); err != nil {
-		return "", err
-	}
+	g.Go(func() error { return stage("refs", strings.NewReader(refs.String())) })
 	nb := 0
 	var untrackedNames []string
 	untracked, conversation := false, false
@@ -217,38 +220,43 @@ func (e *Engine) restore(ctx context.Context, req *checkpointv1.RestoreCheckpoin
 		if p.GetSkipped() {
 			continue
 		}
-		var err error
 		switch p.GetKind() {
 		case checkpointv1.PartKind_PART_KIND_BUNDLE:
-			err = stagePart(p, fmt.Sprintf("bundle-%04d", nb), copyAll)
+			name := fmt.Sprintf("bundle-%04d", nb)
+			g.Go(func() error { return stagePart(p, name, copyAll) })
 			nb++
 		case checkpointv1.PartKind_PART_KIND_DIFF:
-			err = stagePart(p, "worktree.diff", checkDiff)
+			g.Go(func() error { return stagePart(p, "worktree.diff", checkDiff) })
 		case checkpointv1.PartKind_PART_KIND_INDEX:
-			err = stagePart(p, "index.diff", checkDiff)
+			g.Go(func() error { return stagePart(p, "index.diff", checkDiff) })
 		case checkpointv1.PartKind_PART_KIND_UNTRACKED:
 			untracked = true
-			err = stagePart(p, "untracked.tar", func(src io.Reader, dst io.Writer) error {
-				names, err := filterTar(src, dst, tarPolicy{})
-				untrackedNames = names
-				return err
+			g.Go(func() error {
+				return stagePart(p, "untracked.tar", func(src io.Reader, dst io.Writer) error {
+					names, err := filterTar(src, dst, tarPolicy{})
+					untrackedNames = names
+					return err
+				})
 			})
 		case checkpointv1.PartKind_PART_KIND_CONVERSATION:
 			conversation = true
 			roots := cp.GetConversationPaths()
 			for _, r := range roots {
 				if checkAbs("conversation_paths", r) != nil {
+					_ = g.Wait()
 					return "", fmt.Errorf("%w: bad conversation path in manifest", errDamaged)
 				}
 			}
-			err = stagePart(p, "conversation.tar", func(src io.Reader, dst io.Writer) error {
-				_, err := filterTar(src, dst, tarPolicy{absolute: true, roots: roots, relocate: req.GetRelocate()})
-				return err
+			g.Go(func() error {
+				return stagePart(p, "conversation.tar", func(src io.Reader, dst io.Writer) error {
+					_, err := filterTar(src, dst, tarPolicy{absolute: true, roots: roots, relocate: req.GetRelocate()})
+					return err
+				})
 			})
 		}
-		if err != nil {
-			return "", err
-		}
+	}
+	if err := g.Wait(); err != nil {
+		return "", err
 	}
 
 	// Phase 2: rebuild the work tree. From here a failure leaves it half

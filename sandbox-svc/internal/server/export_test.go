@@ -41,3 +41,15 @@ func (s *Server) PoolIDOf(ctx context.Context, name string) (string, error) {
 	}
 	return poolID(*e), nil
 }
+
+// LocalPoolReady is how many ready sandboxes the default environment's
+// pool of repo holds (-1: it has none).
+func (s *Server) LocalPoolReady(repo string) int {
+	s.mu.Lock()
+	lp := s.localPools[repo]
+	s.mu.Unlock()
+	if lp == nil {
+		return -1
+	}
+	return lp.pool.Stats().Ready
+}

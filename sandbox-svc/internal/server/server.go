@@ -62,6 +62,14 @@ type Deps struct {
 	CacheMaxBytes int64
 	CacheMinFree  int64
 	CacheTTL      time.Duration
+	// LocalPoolSize: the built-in "local" environment keeps this many
+	// warm sandboxes of each of the LocalPoolRepos (DefaultLocalPoolRepos
+	// when 0) repositories acquired most recently (localpool.go; 0: none).
+	// LocalPoolQuiet is how long after its repository's last acquire such
+	// a pool waits before it refills (DefaultLocalPoolQuiet).
+	LocalPoolSize  int
+	LocalPoolRepos int
+	LocalPoolQuiet time.Duration
 	// LeftoverGrace is how long a leftover revived at start waits for its
 	// session to checkpoint and release it (DefaultLeftoverGrace).
 	LeftoverGrace time.Duration
@@ -99,7 +107,10 @@ type Server struct {
 	pools     map[string]*poolEntry
 	terminals map[string]*termSession
 	cache     map[string]*cachedSandbox // by work key (cache.go)
-	closed    bool
+	// localPools are the default environment's pools, by repository
+	// (localpool.go).
+	localPools map[string]*localPoolEntry
+	closed     bool
 }
 
 type entry struct {
@@ -155,6 +166,9 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 	if deps.ReapInterval <= 0 {
 		deps.ReapInterval = 5 * time.Second
 	}
+	if deps.LocalPoolQuiet <= 0 {
+		deps.LocalPoolQuiet = DefaultLocalPoolQuiet
+	}
 	if deps.LeftoverGrace <= 0 {
 		deps.LeftoverGrace = DefaultLeftoverGrace
 	}
@@ -166,7 +180,7 @@ func New(ctx context.Context, deps Deps) (*Server, error) {
 		deps: deps, log: deps.Logger, now: deps.Now, envs: envs, drv: deps.Driver,
 		leases:    lease.New(deps.Redis, deps.KeyPrefix, deps.Now),
 		hooks:     destroyhook.NewHub(deps.Now, deps.DestroyHookTimeout),
-		sandboxes: map[string]*entry{}, pools: map[string]*poolEntry{}, terminals: map[string]*termSession{},
+		sandboxes: map[string]*entry{}, pools: map[string]*poolEntry{}, terminals: map[string]*termSession{}, localPools: map[string]*localPoolEntry{},
 		cache: map[string]*cachedSandbox{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -207,6 +221,10 @@ func (s *Server) Close(ctx context.Context) error {
 	s.closed = true
 	pools := s.pools
 	s.pools = map[string]*poolEntry{}
+	for repo, lp := range s.localPools {
+		pools["\x00local:"+repo] = lp.poolEntry
+	}
+	s.localPools = map[string]*localPoolEntry{}
 	var entries []*entry
 	for _, e := range s.sandboxes {
 		entries = append(entries, e)
@@ -768,6 +786,9 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 	}
 	pe := s.pools[env.Name]
 	s.mu.Unlock()
+	if lp := s.localPool(env, pe, req); lp != nil {
+		pe = lp
+	}
 	s.displaceRevived(ctx, req.GetWorkKey())
 
 	var sb driver.Sandbox

@@ -727,3 +727,45 @@ func TestAdHocRepositoryAndPathPrepend(t *testing.T) {
 		t.Errorf("exec with path_prepend printed %q, want found and a PATH ending in %q", out.String(), want)
 	}
 }
+
+// TestLocalDefaultPool: the built-in local environment, which has no
+// warm_pool_size of its own, keeps a pool per recent repository once one
+// is acquired, so the next acquire (a resume whose sandbox was not
+// cached) takes a ready sandbox; cold acquires and other repositories
+// don't take from it, and only the most recent repositories keep one.
+func TestLocalDefaultPool(t *testing.T) {
+	e := start(t, func(d *server.Deps) { d.LocalPoolSize, d.LocalPoolRepos, d.LocalPoolQuiet = 1, 1, time.Millisecond })
+	ctx := context.Background()
+	acquire := func(req *sandboxv1.AcquireSandboxRequest) *sandboxv1.AcquireSandboxResponse {
+		t.Helper()
+		acq, err := e.client.AcquireSandbox(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return acq
+	}
+	if first := acquire(&sandboxv1.AcquireSandboxRequest{WorkKey: "first"}); first.GetSandbox().GetFromPool() {
+		t.Fatalf("the first acquire of a repository found a pool: %v", first.GetSandbox())
+	}
+	waitFor(t, "the default pool to fill", func() bool { return e.srv.LocalPoolReady(e.repo) == 1 })
+	warm := acquire(&sandboxv1.AcquireSandboxRequest{WorkKey: "second"})
+	if !warm.GetSandbox().GetFromPool() || !strings.HasSuffix(warm.GetSandbox().GetWorkDir(), "/second/work") {
+		t.Fatalf("second acquire = %v", warm.GetSandbox())
+	}
+	if r, err := execOnce(t, e.client, warm.GetSandbox().GetId(), warm.GetLease().GetFencingToken(), "", "cat", "README.md"); err != nil || r.stdout != "hello\n" {
+		t.Errorf("pooled sandbox = %+v %v", r, err)
+	}
+	waitFor(t, "the default pool to refill", func() bool { return e.srv.LocalPoolReady(e.repo) == 1 })
+	if cold := acquire(&sandboxv1.AcquireSandboxRequest{WorkKey: "cold", Cold: true}); cold.GetSandbox().GetFromPool() {
+		t.Errorf("a cold acquire took from the pool: %v", cold.GetSandbox())
+	}
+	other, _ := drivertest.NewRepo(t, map[string]string{"OTHER.md": "other\n"})
+	if o := acquire(&sandboxv1.AcquireSandboxRequest{WorkKey: "other", Repository: other}); o.GetSandbox().GetFromPool() {
+		t.Errorf("another repository's acquire took from the pool: %v", o.GetSandbox())
+	}
+	// One repository kept: the other's pool replaced the first's.
+	if n := e.srv.LocalPoolReady(e.repo); n != -1 {
+		t.Errorf("the older repository's pool is still there (%d ready)", n)
+	}
+	waitFor(t, "the other repository's pool to fill", func() bool { return e.srv.LocalPoolReady(other) == 1 })
+}

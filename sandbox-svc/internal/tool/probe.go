@@ -360,6 +360,11 @@ func treeHash(ctx context.Context, r repo, trackedOnly bool) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return treeHashAt(ctx, r, loc, trackedOnly)
+}
+
+// treeHashAt is treeHash of a work tree already located.
+func treeHashAt(ctx context.Context, r repo, loc location, trackedOnly bool) (string, error) {
 	tmp := filepath.Join(loc.gitDir, "hangar-tree-index."+nonce())
 	defer os.Remove(tmp)
 	if err := linkOrCopy(loc.index, tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {

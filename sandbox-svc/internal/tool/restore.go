@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -53,7 +54,17 @@ func restoreProbe(ctx context.Context, req *sandboxtool.RestoreProbeRequest, _ i
 		return err
 	}
 	if types[0][1] != "commit" {
-		return fail(sandboxtool.ExitBaseMissing, "the repository lacks base commit %s", req.Base)
+		// A sandbox cloned before the base existed (a warm one, the
+		// repository moved on since): fetch it, as a first boot does.
+		if _, code, err := r.run(ctx, gitCmd{args: []string{"fetch", "-q", "origin", req.Base}, ok: []int{1, 128}}); err != nil || code != 0 {
+			return fail(sandboxtool.ExitBaseMissing, "the repository lacks base commit %s", req.Base)
+		}
+		if types, err = r.objectTypes(ctx, req.Base+"^{commit}"); err != nil {
+			return err
+		}
+		if types[0][1] != "commit" {
+			return fail(sandboxtool.ExitBaseMissing, "the repository lacks base commit %s", req.Base)
+		}
 	}
 	return writeJSON(out, sandboxtool.RestoreProbeResponse{GitDir: loc.gitDir})
 }
@@ -70,11 +81,26 @@ var noReflog = []string{"-c", "core.logAllRefUpdates=false"}
 // diffs, unpack the untracked files (never through a symbolic link), mark
 // the intent-to-add ones, and hash the tree; the conversation files are
 // unpacked only when the tree is the one wanted.
+//
+// The checkout goes one of two ways. When the sandbox's index is exactly
+// its HEAD's tree (its cache-tree says so) and it has no empty
+// directories, the fast way moves it from HEAD to the checkpoint's head
+// touching only the paths that differ (`read-tree -m -u`, no stat of the
+// files that stay) and leaves the untracked files to the tree hash: the
+// work tree's hash sees every file the index does not know. Otherwise, or
+// when the fast way's tree is not the one wanted (the sandbox had files of
+// its own), the full way: `checkout -f` and `clean -f -d`, then everything
+// again. Either way the tree is hashed from the work tree before the
+// answer, so only what the hash verified is ever reported.
 func restore(ctx context.Context, req *sandboxtool.RestoreRequest, _ io.Reader, out io.Writer) error {
 	r := repo{dir: req.WorkDir}
 	st := req.Staging
 	defer os.RemoveAll(st)
 	began := time.Now()
+	loc, err := r.locate(ctx)
+	if err != nil {
+		return err
+	}
 	bundles, err := filepath.Glob(filepath.Join(st, "bundle-*"))
 	if err != nil {
 		return err
@@ -89,73 +115,40 @@ func restore(ctx context.Context, req *sandboxtool.RestoreRequest, _ io.Reader, 
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
+	var updates [][2]string // ref, commit
 	if len(bytes.TrimSpace(refs)) > 0 {
-		// One transaction for every branch.
-		var cmds strings.Builder
 		for _, l := range strings.Split(strings.TrimSpace(string(refs)), "\n") {
 			sha, ref, ok := strings.Cut(l, " ")
 			if !ok {
 				return fmt.Errorf("staged refs: bad line %q", l)
 			}
-			fmt.Fprintf(&cmds, "update %s %s\n", ref, sha)
-		}
-		if _, _, err := r.run(ctx, gitCmd{args: append(append([]string(nil), noReflog...), "update-ref", "--stdin"), stdin: strings.NewReader(cmds.String())}); err != nil {
-			return err
+			updates = append(updates, [2]string{ref, sha})
 		}
 	}
-	checkout := append(append([]string(nil), noReflog...), "checkout", "-q", "-f")
-	if req.Branch == "" {
-		checkout = append(checkout, "--detach", req.Head)
-	} else {
-		checkout = append(checkout, "-B", req.Branch, req.Head)
-	}
-	if _, _, err := r.run(ctx, gitCmd{args: checkout}); err != nil {
-		return err
-	}
-	if _, _, err := r.run(ctx, gitCmd{args: []string{"clean", "-q", "-f", "-d"}}); err != nil {
-		return err
-	}
-	// A diff may hold no patch, only lines like "* Unmerged path x".
-	for _, d := range []struct {
-		name string
-		args []string
-	}{{"index.diff", []string{"apply", "--cached", "--binary"}}, {"worktree.diff", []string{"apply", "--binary"}}} {
-		p := filepath.Join(st, d.name)
-		if hasPatch(p) {
-			if _, _, err := r.run(ctx, gitCmd{args: append(d.args, p)}); err != nil {
-				return err
-			}
-		}
-	}
-	if err := settle(ctx, r, began); err != nil {
-		return err
-	}
-	if req.Untracked {
-		f, err := os.Open(filepath.Join(st, "untracked.tar"))
-		if err != nil {
-			return err
-		}
-		err = extract(bufio.NewReaderSize(f, 64<<10), req.WorkDir)
-		f.Close()
-		if errors.Is(err, errUnsafe) {
-			return fail(sandboxtool.ExitUnsafePath, "untracked files: %w", err)
-		}
-		if err != nil {
-			return fmt.Errorf("untracked files: %w", err)
-		}
-		if len(req.IntentToAdd) > 0 {
-			args := []string{"add", "-N", "--"}
-			for _, p := range req.IntentToAdd {
-				args = append(args, string(p))
-			}
-			if _, _, err := r.run(ctx, gitCmd{args: args, env: []string{"GIT_LITERAL_PATHSPECS=1"}}); err != nil {
-				return err
-			}
-		}
-	}
-	tree, err := treeHash(ctx, r, req.TrackedOnly)
+	fast, err := checkoutFast(ctx, r, loc, req, updates)
 	if err != nil {
 		return err
+	}
+	if !fast {
+		if err := checkoutFull(ctx, r, req, updates); err != nil {
+			return err
+		}
+	}
+	tree, err := restoreWork(ctx, r, loc, req, began)
+	if err != nil && (!fast || ctx.Err() != nil) {
+		return err
+	}
+	if fast && (err != nil || tree != req.WantTree) {
+		// The sandbox held something the fast way keeps (a file of its
+		// own in the way of a diff or an untracked file, a change its
+		// index did not show): the full way, from the top, which
+		// reports its own failure.
+		if err := checkoutFull(ctx, r, req, updates); err != nil {
+			return err
+		}
+		if tree, err = restoreWork(ctx, r, loc, req, began); err != nil {
+			return err
+		}
 	}
 	if tree == req.WantTree && req.Conversation {
 		f, err := os.Open(filepath.Join(st, "conversation.tar"))
@@ -169,6 +162,174 @@ func restore(ctx context.Context, req *sandboxtool.RestoreRequest, _ io.Reader, 
 		}
 	}
 	return writeJSON(out, sandboxtool.RestoreResponse{Tree: tree})
+}
+
+// checkoutFull sets the branches and checks HEAD out over whatever the
+// work tree holds, removing its untracked files.
+func checkoutFull(ctx context.Context, r repo, req *sandboxtool.RestoreRequest, updates [][2]string) error {
+	if len(updates) > 0 {
+		if err := updateRefs(ctx, r, updates); err != nil {
+			return err
+		}
+	}
+	checkout := append(append([]string(nil), noReflog...), "checkout", "-q", "-f")
+	if req.Branch == "" {
+		checkout = append(checkout, "--detach", req.Head)
+	} else {
+		checkout = append(checkout, "-B", req.Branch, req.Head)
+	}
+	if _, _, err := r.run(ctx, gitCmd{args: checkout}); err != nil {
+		return err
+	}
+	_, _, err := r.run(ctx, gitCmd{args: []string{"clean", "-q", "-f", "-d"}})
+	return err
+}
+
+// checkoutFast moves a sandbox whose index is its HEAD's tree to the
+// checkpoint's head, writing only the paths that differ, and sets the
+// branches and HEAD. It reports false, having changed nothing, when the
+// sandbox is not such a one (the full way is then taken).
+func checkoutFast(ctx context.Context, r repo, loc location, req *sandboxtool.RestoreRequest, updates [][2]string) (bool, error) {
+	if len(req.Head) != 40 && len(req.Head) != 64 {
+		return false, nil
+	}
+	trees, err := r.objectTypes(ctx, "HEAD^{tree}", req.Head+"^{tree}")
+	if err != nil || trees[0][1] != "tree" || trees[1][1] != "tree" {
+		return false, nil
+	}
+	idx, err := readIndex(loc.index, len(req.Head)/2)
+	if err != nil || idx.tree != trees[0][0] {
+		// No index, one git can't vouch for (its cache-tree is not
+		// HEAD's tree: staged changes, unmerged or intent-to-add
+		// entries), or one this reader does not know.
+		return false, nil
+	}
+	if hasEmptyDir(r.dir) {
+		return false, nil // clean -d removes those
+	}
+	if trees[0][0] != trees[1][0] {
+		// Two-tree merge from HEAD: only the paths whose entries differ
+		// are checked and written; it refuses (and writes nothing) when
+		// one of them is changed in the work tree or an untracked file
+		// is in the way.
+		if _, code, err := r.run(ctx, gitCmd{args: []string{"read-tree", "-m", "-u", "HEAD", req.Head}, ok: []int{128}}); err != nil {
+			return false, err
+		} else if code != 0 {
+			return false, nil
+		}
+	}
+	head := req.Head + "\n"
+	if req.Branch != "" {
+		// As checkout -B: the branch is made or reset at the head.
+		ref := "refs/heads/" + req.Branch
+		updates = slices.DeleteFunc(slices.Clone(updates), func(u [2]string) bool { return u[0] == ref })
+		updates = append(updates, [2]string{ref, req.Head})
+		head = "ref: " + ref + "\n"
+	}
+	if len(updates) > 0 {
+		if err := updateRefs(ctx, r, updates); err != nil {
+			return false, err
+		}
+	}
+	// HEAD as git writes it: a new file renamed into place.
+	tmp := filepath.Join(loc.gitDir, "HEAD.hangar-"+nonce())
+	if err := os.WriteFile(tmp, []byte(head), 0o644); err != nil {
+		return false, err
+	}
+	if err := os.Rename(tmp, filepath.Join(loc.gitDir, "HEAD")); err != nil {
+		os.Remove(tmp)
+		return false, err
+	}
+	return true, nil
+}
+
+// updateRefs sets the refs in one transaction.
+func updateRefs(ctx context.Context, r repo, updates [][2]string) error {
+	var cmds strings.Builder
+	for _, u := range updates {
+		fmt.Fprintf(&cmds, "update %s %s\n", u[0], u[1])
+	}
+	_, _, err := r.run(ctx, gitCmd{args: append(append([]string(nil), noReflog...), "update-ref", "--stdin"), stdin: strings.NewReader(cmds.String())})
+	return err
+}
+
+// hasEmptyDir reports whether the work tree (its .git aside) has an empty
+// directory, reading directories only (no file is stat'ed).
+func hasEmptyDir(root string) bool {
+	found := false
+	var walk func(dir string)
+	walk = func(dir string) {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			found = true // unreadable: let the full way deal with it
+			return
+		}
+		if len(ents) == 0 {
+			found = true
+			return
+		}
+		for _, e := range ents {
+			if found {
+				return
+			}
+			if e.IsDir() && !(dir == root && e.Name() == ".git") {
+				walk(filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	walk(root)
+	return found
+}
+
+// restoreWork does what follows the checkout: the index and work tree
+// diffs, settling the index, the untracked files and the intent-to-add
+// marks; it returns the work tree's hash.
+func restoreWork(ctx context.Context, r repo, loc location, req *sandboxtool.RestoreRequest, began time.Time) (string, error) {
+	st := req.Staging
+	// A diff may hold no patch, only lines like "* Unmerged path x".
+	var written []string // the work tree files the work tree diff wrote
+	for _, d := range []struct {
+		name string
+		args []string
+	}{{"index.diff", []string{"apply", "--cached", "--binary"}}, {"worktree.diff", []string{"apply", "--binary", "--numstat", "-z", "--apply"}}} {
+		p := filepath.Join(st, d.name)
+		if hasPatch(p) {
+			out, _, err := r.run(ctx, gitCmd{args: append(d.args, p)})
+			if err != nil {
+				return "", err
+			}
+			if d.name == "worktree.diff" {
+				written = numstatPaths(out)
+			}
+		}
+	}
+	if err := settle(ctx, r, loc, len(req.Head)/2, began, written); err != nil {
+		return "", err
+	}
+	if req.Untracked {
+		f, err := os.Open(filepath.Join(st, "untracked.tar"))
+		if err != nil {
+			return "", err
+		}
+		err = extract(bufio.NewReaderSize(f, 64<<10), req.WorkDir)
+		f.Close()
+		if errors.Is(err, errUnsafe) {
+			return "", fail(sandboxtool.ExitUnsafePath, "untracked files: %w", err)
+		}
+		if err != nil {
+			return "", fmt.Errorf("untracked files: %w", err)
+		}
+		if len(req.IntentToAdd) > 0 {
+			args := []string{"add", "-N", "--"}
+			for _, p := range req.IntentToAdd {
+				args = append(args, string(p))
+			}
+			if _, _, err := r.run(ctx, gitCmd{args: args, env: []string{"GIT_LITERAL_PATHSPECS=1"}}); err != nil {
+				return "", err
+			}
+		}
+	}
+	return treeHashAt(ctx, r, loc, req.TrackedOnly)
 }
 
 // hasPatch reports whether the file holds a patch ("diff --git" lines).
@@ -194,23 +355,104 @@ func hasPatch(p string) bool {
 // a later second (and a copy of this sandbox by overlay would copy each one
 // up to do so). The tracked files written since the start of the second
 // the restore began in (what it wrote, and what the sandbox's own checkout
-// wrote in that second) are dated two seconds before it began and the index is
-// refreshed (each of them read once, against the index): then no entry is
-// racy (every other file is older than the second the restore began in,
-// and the index is written no earlier), and one of them the diffs changed
-// differs from its entry in mtime, whatever its size. Older files are left
-// alone: not racy, not read again, so a restore into a sandbox made a few
-// seconds ago reads only what it wrote.
-func settle(ctx context.Context, r repo, began time.Time) error {
+// wrote in that second) are dated two seconds before it began and their
+// entries refreshed (each of them read once, against the index): then no
+// entry is racy (every other file is older than the second the restore
+// began in, and the index is written no earlier), and one of them the
+// diffs changed differs from its entry in mtime, whatever its size. Older
+// files are left alone: not racy, not read again, so a restore into a
+// sandbox made a few seconds ago reads only what it wrote.
+//
+// Which files those are comes from the index itself (entries recorded in
+// or after that second, or with no stat data: what the checkout and `apply
+// --cached` wrote), so only they are stat'ed and refreshed; an index this
+// reader does not know has every tracked file stat'ed and the whole index
+// refreshed instead.
+func settle(ctx context.Context, r repo, loc location, hashLen int, began time.Time, written []string) error {
+	recent := began.Truncate(time.Second).Add(-time.Nanosecond)
+	past := began.Add(-2 * time.Second).Truncate(time.Second)
+	idx, err := readIndex(loc.index, hashLen)
+	if err != nil {
+		return settleAll(ctx, r, recent, past)
+	}
+	tracked := make(map[string]bool, len(written))
+	for _, w := range written {
+		tracked[w] = false
+	}
+	var paths []string
+	for _, e := range idx.entries {
+		_, isWritten := tracked[e.name]
+		if isWritten {
+			tracked[e.name] = true
+		}
+		if !isWritten && e.mtime != 0 && e.mtime < began.Unix() {
+			continue
+		}
+		if dateBack(filepath.Join(r.dir, e.name), recent, past) {
+			paths = append(paths, e.name)
+		}
+	}
+	for w, inIndex := range tracked {
+		if !inIndex {
+			dateBack(filepath.Join(r.dir, w), recent, past)
+		}
+	}
+	switch {
+	case len(paths) == 0:
+		return nil
+	case len(paths) > 2000:
+		// Matching many paths costs more than stat'ing every file.
+		_, _, err = r.run(ctx, gitCmd{args: []string{"update-index", "-q", "--refresh"}, ok: []int{1}})
+		return err
+	}
+	_, _, err = r.run(ctx, gitCmd{args: []string{"add", "--refresh", "--pathspec-from-file=-", "--pathspec-file-nul"},
+		env: []string{"GIT_LITERAL_PATHSPECS=1"}, stdin: strings.NewReader(strings.Join(paths, "\x00") + "\x00"), ok: []int{1}})
+	return err
+}
+
+// dateBack dates p to past when it was written after recent; it reports
+// whether p exists.
+func dateBack(p string, recent, past time.Time) bool {
+	st, err := os.Lstat(p)
+	if err != nil {
+		return false
+	}
+	if st.ModTime().After(recent) {
+		_ = lchtimes(p, past)
+	}
+	return true
+}
+
+// numstatPaths are the paths of `git apply --numstat -z` output: records
+// "added<TAB>deleted<TAB>path", or, for a rename or copy, an empty path
+// followed by the old and the new path (only the new one is written).
+func numstatPaths(out []byte) []string {
+	var paths []string
+	recs := bytes.Split(out, []byte{0})
+	for i := 0; i < len(recs); i++ {
+		f := bytes.SplitN(recs[i], []byte{'\t'}, 3)
+		if len(f) != 3 {
+			continue
+		}
+		if len(f[2]) > 0 {
+			paths = append(paths, string(f[2]))
+			continue
+		}
+		if i+2 < len(recs) {
+			paths = append(paths, string(recs[i+2]))
+			i += 2
+		}
+	}
+	return paths
+}
+
+// settleAll is settle for an index this reader does not know: every
+// tracked file is stat'ed and the whole index refreshed.
+func settleAll(ctx context.Context, r repo, recent, past time.Time) error {
 	list, _, err := r.run(ctx, gitCmd{args: []string{"ls-files", "-z"}})
 	if err != nil {
 		return err
 	}
-	// Racy against the index written below: written in or after the
-	// second the restore began in. Older files are not, whatever the
-	// sandbox's own index said of them (the refresh checks those).
-	recent := began.Truncate(time.Second).Add(-time.Nanosecond)
-	past := began.Add(-2 * time.Second).Truncate(time.Second)
 	for _, name := range splitNUL(list) {
 		p := filepath.Join(r.dir, name)
 		st, err := os.Lstat(p)

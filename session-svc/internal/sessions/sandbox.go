@@ -198,18 +198,26 @@ func (m *Manager) prepare(ctx context.Context, s *store.Session) (*booted, error
 		b.base = s.BaseCommit
 	}
 	if newest != nil {
+		// A checkpoint keeps no .git/config: without an identity again
+		// the agent could not commit after a resume. Set alongside the
+		// restore (it writes only .git/config, which no step of the
+		// restore writes or depends on), not after it: one exec fewer on
+		// the resume's path. Nothing is handed out before both end.
+		identity := make(chan error, 1)
+		go func() {
+			identity <- m.tool(ctx, b.sb.GetId(), b.token, sandboxtool.CommandInitWork, sandboxtool.InitWorkRequest{WorkDir: b.sb.GetWorkDir()}, nil)
+		}()
 		resp, err := m.d.Checkpoints.RestoreCheckpoint(ctx, &checkpointv1.RestoreCheckpointRequest{
 			CheckpointId: newest.GetId(), SandboxId: b.sb.GetId(), FencingToken: b.token,
 			WorkDir: b.sb.GetWorkDir(), Branch: s.Branch, Relocate: relocation(b.sb, newest),
 		})
+		idErr := <-identity
 		if err != nil {
 			return fail(fmt.Errorf("restore checkpoint %s of %s: %w", newest.GetId(), s.Name, err))
 		}
 		b.restored, b.tree = newest, resp.GetTreeHash()
-		// A checkpoint keeps no .git/config: without an identity again
-		// the agent could not commit after a resume.
-		if err := m.tool(ctx, b.sb.GetId(), b.token, sandboxtool.CommandInitWork, sandboxtool.InitWorkRequest{WorkDir: b.sb.GetWorkDir()}, nil); err != nil {
-			return fail(fmt.Errorf("git identity of %s: %w", s.Name, err))
+		if idErr != nil {
+			return fail(fmt.Errorf("git identity of %s: %w", s.Name, idErr))
 		}
 	} else {
 		if b.base == "" {

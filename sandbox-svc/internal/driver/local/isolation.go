@@ -547,7 +547,7 @@ func (sb *Sandbox) jailed(path string, args []string, dir string, newSession boo
 	if err != nil {
 		return nil, nil, err
 	}
-	h, err := sb.namespaces()
+	nsFiles, err := sb.namespaceFiles()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -557,14 +557,7 @@ func (sb *Sandbox) jailed(path string, args []string, dir string, newSession boo
 	full := append(j.args(m, dir, newSession), "--", j.sh, "-c", closeNamespaceFDs, path)
 	cmd = exec.Command(j.bwrap, append(full, args...)...)
 	// Duplicates: the holder's stay open for the next process.
-	for _, f := range []*os.File{h.owner, h.pidns, h.userns} {
-		dup, err := dupFile(f)
-		if err != nil {
-			closeAll(cmd.ExtraFiles)
-			return nil, nil, err
-		}
-		cmd.ExtraFiles = append(cmd.ExtraFiles, dup)
-	}
+	cmd.ExtraFiles = nsFiles
 	r, w, err := os.Pipe()
 	if err != nil {
 		closeAll(cmd.ExtraFiles)
@@ -593,6 +586,11 @@ func dupFile(f *os.File) (*os.File, error) {
 func (sb *Sandbox) namespaces() (*holder, error) {
 	sb.holdMu.Lock()
 	defer sb.holdMu.Unlock()
+	return sb.namespacesLocked()
+}
+
+// namespacesLocked is namespaces, with holdMu held by the caller.
+func (sb *Sandbox) namespacesLocked() (*holder, error) {
 	if sb.hold != nil {
 		select {
 		case <-sb.hold.done:
@@ -628,12 +626,37 @@ func (sb *Sandbox) namespaces() (*holder, error) {
 	return h, nil
 }
 
-// stopHolder ends the sandbox's holder (teardown).
+// namespaceFiles returns duplicates of the holder's namespace descriptors
+// (owner, pid, user: ownerFD, pidnsFD, usernsFD), starting the holder with
+// the first process. They are taken under holdMu, which stopHolder holds
+// while it closes the holder's own: a process starting while the sandbox's
+// processes are killed joins either the old namespaces before they end or
+// the next ones, never descriptors being closed under it.
+func (sb *Sandbox) namespaceFiles() ([]*os.File, error) {
+	sb.holdMu.Lock()
+	defer sb.holdMu.Unlock()
+	h, err := sb.namespacesLocked()
+	if err != nil {
+		return nil, err
+	}
+	var out []*os.File
+	for _, f := range []*os.File{h.owner, h.pidns, h.userns} {
+		dup, err := dupFile(f)
+		if err != nil {
+			closeAll(out)
+			return nil, err
+		}
+		out = append(out, dup)
+	}
+	return out, nil
+}
+
+// stopHolder ends the sandbox's holder (teardown, KillProcesses).
 func (sb *Sandbox) stopHolder() {
 	sb.holdMu.Lock()
+	defer sb.holdMu.Unlock()
 	h := sb.hold
 	sb.hold = nil
-	sb.holdMu.Unlock()
 	if h != nil {
 		h.stop()
 	}
