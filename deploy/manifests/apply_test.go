@@ -3,6 +3,7 @@ package manifests
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -32,6 +33,9 @@ func startCluster(t *testing.T, node string) *kubetest.Cluster {
 	assets, why := kubetest.Assets()
 	if why != "" {
 		t.Skip(why)
+	}
+	if _, err := os.Stat(filepath.Join(assets, "kwok")); node != "" && err != nil {
+		t.Skipf("%s has no kwok: run .ci/build-kube", assets)
 	}
 	c, err := kubetest.Start(t.Context(), assets, t.TempDir())
 	if err != nil {
