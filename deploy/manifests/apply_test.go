@@ -23,7 +23,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 
-	"github.com/hangar-dev/hangar/deploy/internal/kubetest"
+	"github.com/hangar-dev/hangar/sandbox-svc/kubetest"
 )
 
 // startCluster runs etcd, kube-apiserver and (when node is set) a kwok

@@ -13,7 +13,7 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/kubernetes"
-	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/kubernetes/kubetest"
+	"github.com/hangar-dev/hangar/sandbox-svc/kubetest"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/server"
 )
 

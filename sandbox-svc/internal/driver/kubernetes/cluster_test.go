@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
-	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/kubernetes/kubetest"
+	"github.com/hangar-dev/hangar/sandbox-svc/kubetest"
 )
 
 // The tests share one control plane (etcd, kube-apiserver) and one kwok

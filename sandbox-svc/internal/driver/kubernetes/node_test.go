@@ -9,7 +9,7 @@ import (
 
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/drivertest"
-	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/kubernetes/kubetest"
+	"github.com/hangar-dev/hangar/sandbox-svc/kubetest"
 )
 
 const realNode = "real-node"

@@ -1,4 +1,5 @@
-// Package kubetest starts a real Kubernetes control plane for tests: etcd
+// Package kubetest starts a real Kubernetes control plane for tests (the
+// kubernetes driver's, and the deploy module's: it is not internal): etcd
 // and kube-apiserver (built from the Go module proxy by .ci/build-kube)
 // and, optionally, kwok as a node that runs pod lifecycles. The binaries
 // come from $HANGAR_KUBE_ASSETS; tests skip, saying so, when it is unset
