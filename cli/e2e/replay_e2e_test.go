@@ -5,6 +5,7 @@ package e2e_test
 // N in a fresh sandbox from its tape, then continued live as trials.
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -310,6 +311,10 @@ func (s *replayStack) checkSealed(t *testing.T, f *replayv1.Fork) {
 			if err != nil {
 				return
 			}
+			// Read the request first: a close with it unread is a
+			// reset, which curl may see before the answer.
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, _ = http.ReadRequest(bufio.NewReader(c))
 			_, _ = c.Write([]byte("host-reached\n"))
 			_ = c.Close()
 		}
