@@ -13,8 +13,8 @@ import (
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/kubernetes"
-	"github.com/hangar-dev/hangar/sandbox-svc/kubetest"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/server"
+	"github.com/hangar-dev/hangar/sandbox-svc/kubetest"
 )
 
 // A warm pod of the environment's pool that another replica made is
