@@ -345,11 +345,23 @@ const (
 // running in dir, joining the holder's namespaces; bwrap reports the
 // process it starts on infoFD. newSession puts it in a session of its own
 // (execs: its process group is then apart from bwrap's, see process).
+//
+// No --die-with-parent here. Joining a pid namespace, bwrap forks twice:
+// an intermediate process forks the sandbox's process into the namespace
+// and exits; with --die-with-parent that process sets a parent-death
+// SIGKILL while its parent may still be the intermediate, and where the
+// intermediate's exit comes late (a loaded machine) the command is killed
+// just after it starts: a kernel signal trace of the soak's "killed by
+// KILL" showed exactly that, the intermediate's exit_group signalling the
+// sandbox's fresh sh. Nothing is lost without it: the process is in the
+// holder's pid namespace, which ends with the holder (whose bwrap has
+// --die-with-parent, without that race: it makes the namespace, pid 1 is
+// its own child), and in the sandbox's cgroup.
 func (j *jail) args(m mountSet, dir string, newSession bool) []string {
 	args := []string{
 		"--userns", fmt.Sprint(ownerFD), "--pidns", fmt.Sprint(pidnsFD), "--userns2", fmt.Sprint(usernsFD),
 		"--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
-		"--assert-userns-disabled", "--cap-drop", "ALL", "--die-with-parent",
+		"--assert-userns-disabled", "--cap-drop", "ALL",
 	}
 	args = append(args, j.system...)
 	if m.tmp != "" {

@@ -255,3 +255,32 @@ func TestSandboxOutlivesItsHolder(t *testing.T) {
 		return st.Code == 0 && out == "b"
 	})
 }
+
+// A sandbox's command carries no parent-death signal. Joining the holder's
+// pid namespace, bubblewrap starts it from an intermediate process that
+// exits at once; with a parent-death SIGKILL set while that process was
+// still its parent (bwrap --die-with-parent), a late exit of the
+// intermediate (a loaded machine) killed the command just after it started:
+// the soak's rare "killed by KILL". It ends with the sandbox all the same
+// (TestDestroyRemovesDirectory, the conformance suite).
+func TestSandboxCommandHasNoParentDeathSignal(t *testing.T) {
+	const python = "/usr/bin/python3"
+	if _, err := os.Stat(python); err != nil {
+		t.Skip("needs python3 to ask prctl(PR_GET_PDEATHSIG)")
+	}
+	repo, _ := drivertest.NewRepo(t, map[string]string{"a": "b"})
+	d := newDriverOpts(t, local.Options{Isolation: local.IsolationBwrap})
+	sb, err := d.Create(context.Background(), driver.Spec{ID: "pdeath", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	const script = "import ctypes; s = ctypes.c_int(-1); ctypes.CDLL(None).prctl(2, ctypes.byref(s)); print(s.value)"
+	out, errOut, st := drivertest.Run1(t, sb, driver.ExecRequest{Argv: []string{python, "-c", script}})
+	if st.Code != 0 {
+		t.Fatalf("python3: %+v %s", st, errOut)
+	}
+	if got := strings.TrimSpace(out); got != "0" {
+		t.Errorf("the sandbox's command has parent-death signal %s, want none (0)", got)
+	}
+}
