@@ -33,7 +33,7 @@ func tapeToolTime(steps []*gatewayv1.Step, n int) time.Duration {
 //
 //	go test -run '^$' -bench BenchmarkForkAtStep -benchtime 1x ./e2e/
 func BenchmarkForkAtStep(b *testing.B) {
-	script := replayScript()
+	script := replayScript(0)
 	s := startStack(b, stackOptions{script: &script, vars: map[string]string{"HANGAR_CACHE_STAGGER_SECONDS": "0"}})
 	s.applyEnvironment(b, "e2e", gitRepo(b, nil), 0, sandboxv1.Egress_EGRESS_FULL)
 	rs := &replayStack{stack: s}

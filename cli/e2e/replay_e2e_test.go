@@ -46,10 +46,19 @@ const replayNoiseCmd = `head -c 32 /dev/urandom > noise.bin && echo noise-done`
 // directory is named after it), so each trial's tree differs.
 const replayTrialCmd = `basename "$(dirname "$PWD")" > trial.txt && echo trial-done`
 
+// replayNetCmd reaches the host's listener on port (hostListener): the
+// recorded run's environment has egress, it prints the listener's answer;
+// a replay's has none, curl's connection error instead. It exits 0 either
+// way, so only the output differs.
+func replayNetCmd(port int) string {
+	return fmt.Sprintf(`curl -sS --http0.9 -m 5 http://127.0.0.1:%d/ 2>&1; echo net-done`, port)
+}
+
 // replayScript: "replay task" is six chained tool steps, each answered on
-// the previous step's output; "clock task" prints the clock; a trial's
-// continuation writes trial.txt.
-func replayScript() scripted.Script {
+// the previous step's output; "clock task" prints the clock; "noise task"
+// writes random bytes; "network task" (when hostPort is not 0) reaches the
+// host's listener on hostPort; a trial's continuation writes trial.txt.
+func replayScript(hostPort int) scripted.Script {
 	var rules []scripted.Rule
 	for _, c := range agentCLIs {
 		call := func(cmd string) scripted.Answer {
@@ -60,12 +69,16 @@ func replayScript() scripted.Script {
 			scripted.Rule{Name: c.tool + "-steps-done", Tool: c.tool, ToolResult: fmt.Sprintf("step-%d-done", replaySteps), Answer: scripted.Answer{Text: "All steps done."}},
 			scripted.Rule{Name: c.tool + "-clock-done", Tool: c.tool, ToolResult: "clock-", Answer: scripted.Answer{Text: "Clock read."}},
 			scripted.Rule{Name: c.tool + "-noise-done", Tool: c.tool, ToolResult: "noise-done", Answer: scripted.Answer{Text: "Noise written."}},
+			scripted.Rule{Name: c.tool + "-net-done", Tool: c.tool, ToolResult: "net-done", Answer: scripted.Answer{Text: "Host read."}},
 			// A continuation: the trial's own task (whatever the last input).
 			scripted.Rule{Name: c.tool + "-continue", Tool: c.tool, Prompt: "(?i)continue from where you stopped", Answer: call(replayTrialCmd)},
 			scripted.Rule{Name: c.tool + "-step-1", Tool: c.tool, Prompt: "(?i)replay task", LastIsToolResult: scripted.Bool(false), Answer: call(replayStepCmd(1))},
 			scripted.Rule{Name: c.tool + "-clock", Tool: c.tool, Prompt: "(?i)clock task", LastIsToolResult: scripted.Bool(false), Answer: call(`echo clock-$(date +%s%N)`)},
 			scripted.Rule{Name: c.tool + "-noise", Tool: c.tool, Prompt: "(?i)noise task", LastIsToolResult: scripted.Bool(false), Answer: call(replayNoiseCmd)},
 		)
+		if hostPort != 0 {
+			rules = append(rules, scripted.Rule{Name: c.tool + "-net", Tool: c.tool, Prompt: "(?i)network task", LastIsToolResult: scripted.Bool(false), Answer: call(replayNetCmd(hostPort))})
+		}
 		for k := 2; k <= replaySteps; k++ {
 			rules = append(rules, scripted.Rule{Name: fmt.Sprintf("%s-step-%d", c.tool, k), Tool: c.tool, ToolResult: fmt.Sprintf("step-%d-done", k-1), Answer: call(replayStepCmd(k))})
 		}
@@ -76,6 +89,35 @@ func replayScript() scripted.Script {
 type replayStack struct {
 	*stack
 	replay replayv1.ReplayServiceClient
+	// hostPort is the host's listener (hostListener), on loopback.
+	hostPort int
+}
+
+// hostListener starts a listener on the host's loopback that answers
+// every connection with "host-reached" (no HTTP: curl --http0.9 reads it)
+// and returns its port.
+func hostListener(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// Read the request first: a close with it unread is a
+			// reset, which curl may see before the answer.
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, _ = http.ReadRequest(bufio.NewReader(c))
+			_, _ = c.Write([]byte("host-reached\n"))
+			_ = c.Close()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func replayStart(t *testing.T) *replayStack {
@@ -86,7 +128,8 @@ func replayStart(t *testing.T) *replayStack {
 // replayStartWith is replayStart with more settings.
 func replayStartWith(t *testing.T, vars map[string]string) *replayStack {
 	t.Helper()
-	script := replayScript()
+	port := hostListener(t)
+	script := replayScript(port)
 	all := map[string]string{"HANGAR_CACHE_STAGGER_SECONDS": "0"}
 	for k, v := range vars {
 		all[k] = v
@@ -98,7 +141,7 @@ func replayStartWith(t *testing.T, vars map[string]string) *replayStack {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return &replayStack{stack: s, replay: replayv1.NewReplayServiceClient(conn)}
+	return &replayStack{stack: s, replay: replayv1.NewReplayServiceClient(conn), hostPort: port}
 }
 
 // record runs a session's first turn and returns its run id and tape.
@@ -282,6 +325,30 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 		t.Errorf("noise replay: %v (%s), divergence %v, want tree at %d", n.GetStatus(), n.GetStatusReason(), n.GetDivergence(), after)
 	}
 
+	// A step that reaches a port on the host: the recorded run's
+	// environment has egress (its curl prints the listener's answer), the
+	// replay's has none (its curl prints a connection error): a network
+	// divergence at the request that carries the step's output.
+	wrun, wsteps := s.record(t, "net-"+hname, h, "Please do the network task.")
+	after = 0
+	for _, st := range wsteps {
+		if body := string(st.GetRequest().GetBody()); strings.Contains(body, "net-done") {
+			if !strings.Contains(body, "host-reached") {
+				t.Fatalf("the recorded run %s did not reach the host: step %d's request:\n%s", wrun, st.GetSeq(), body)
+			}
+			after = st.GetSeq()
+			break
+		}
+	}
+	if after == 0 {
+		t.Fatalf("no request of %s carries the network step's output", wrun)
+	}
+	w := s.fork(t, &replayv1.ForkRunRequest{Run: wrun, AtSeq: int32(len(wsteps)), Continuations: proto.Int32(0)})
+	if w.GetStatus() != replayv1.ForkStatus_FORK_STATUS_DIVERGED || w.GetDivergence().GetKind() != replayv1.DivergenceKind_DIVERGENCE_KIND_NETWORK || w.GetDivergence().GetSeq() != after {
+		t.Errorf("network replay: %v (%s), divergence %v, want network at %d", w.GetStatus(), w.GetStatusReason(), w.GetDivergence(), after)
+	}
+	t.Logf("network replay: %v", w.GetDivergence())
+
 	// A second turn's run is refused.
 	if _, err := s.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: name, Message: "Please do the clock task."}); err != nil {
 		t.Fatal(err)
@@ -300,25 +367,6 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 func (s *replayStack) checkSealed(t *testing.T, f *replayv1.Fork) {
 	t.Helper()
 	ctx := context.Background()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			// Read the request first: a close with it unread is a
-			// reset, which curl may see before the answer.
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			_, _ = http.ReadRequest(bufio.NewReader(c))
-			_, _ = c.Write([]byte("host-reached\n"))
-			_ = c.Close()
-		}
-	}()
 	tr := f.GetTrials()[0]
 	sess := s.get(t, tr.GetSession())
 	if sess.GetEnvironment() != "e2e-replay" {
@@ -334,7 +382,7 @@ func (s *replayStack) checkSealed(t *testing.T, f *replayv1.Fork) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
+	port := s.hostPort
 	if out, code := s.exec(t, sess.GetSandboxId(), fmt.Sprintf("curl -sS --http0.9 -m 5 http://127.0.0.1:%d/ || curl -sS -m 5 http://10.255.255.1/", port)); code == 0 || strings.Contains(out, "host-reached") {
 		t.Errorf("a replay sandbox reached the host: code %d %q", code, out)
 	}
