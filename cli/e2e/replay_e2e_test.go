@@ -608,3 +608,74 @@ func TestForkAtStepPinSet(t *testing.T) {
 		}
 	}
 }
+
+// TestForkAtStepAA: a fork of a run that is an attempt of a best-of-N job
+// with a check records `aa` on a trial whose prefix was clean, on the
+// run's own harness: whether the job's check gives the same result on the
+// trial as on the attempt. The job's session has no turns of its own, so
+// the attempt's run is its session's first (the one a fork can replay).
+// The check passes when steps.txt ends at step 6, as the attempt left it.
+// Claude Code continues the prefix at step 3 with steps 4-6 (the check
+// passes on both: aa true); Codex continues with a message of its own, the
+// trial's task (steps.txt ends at step 3: the check fails on the trial
+// only, aa false).
+func TestForkAtStepAA(t *testing.T) {
+	s := replayStart(t)
+	for _, c := range []struct {
+		name    string
+		harness sessionv1.Harness
+		aa      bool
+	}{
+		{"claude", sessionv1.Harness_HARNESS_CLAUDE, true},
+		{"codex", sessionv1.Harness_HARNESS_CODEX, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s.forkAA(t, "aa-"+c.name, c.harness, c.aa)
+		})
+	}
+}
+
+func (s *replayStack) forkAA(t *testing.T, name string, h sessionv1.Harness, want bool) {
+	ctx := context.Background()
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: name, Environment: "e2e", Harness: h}); err != nil {
+		t.Fatal(err)
+	}
+	// Opened, it has a checkpoint to fork the attempts from.
+	if _, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: name}); err != nil {
+		t.Fatalf("open %s: %v", name, err)
+	}
+	created, err := s.jobs.CreateJob(ctx, &sessionv1.CreateJobRequest{
+		Strategy: sessionv1.JobStrategy_JOB_STRATEGY_BEST_OF_N, Session: name, Message: "Please do the replay task.", N: 1,
+		Check: fmt.Sprintf(`[ "$(tail -n 1 steps.txt)" = "step %d" ]`, replaySteps),
+	})
+	if err != nil {
+		t.Fatalf("create job: %v", err)
+	}
+	job := forkWaitJob(t, &forkStack{stack: s.stack}, created.GetJob().GetId())
+	if job.GetState() != sessionv1.JobState_JOB_STATE_DELIVERED || len(job.GetAttempts()) != 1 || job.GetAttempts()[0].GetCheckExitCode() != 0 {
+		t.Fatalf("job %s: %v (%s) attempts %v", job.GetId(), job.GetState(), job.GetError(), job.GetAttempts())
+	}
+	attempt := job.GetAttempts()[0].GetSession()
+	turn := s.waitTurn(t, attempt, 1)
+	if turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED || turn.GetRunId() == "" {
+		t.Fatalf("attempt %s's turn 1: %v (%s), run %q", attempt, turn.GetOutcome(), turn.GetOutcomeReason(), turn.GetRunId())
+	}
+	tape, err := s.gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: turn.GetRunId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := toolStepSeq(t, tape.GetSteps(), 3)
+	f := s.fork(t, &replayv1.ForkRunRequest{Run: turn.GetRunId(), AtSeq: at, Continuations: proto.Int32(1)})
+	if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_FORKED || f.GetDivergence() != nil || len(f.GetTrials()) != 1 {
+		t.Fatalf("fork of %s at %d: %v (%s), divergence %v", turn.GetRunId(), at, f.GetStatus(), f.GetStatusReason(), f.GetDivergence())
+	}
+	tr := f.GetTrials()[0]
+	if tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_ENDED || tr.GetOutcome() != replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED || tr.Aa == nil || tr.GetAa() != want {
+		t.Errorf("trial %s: %v, want ended, completed, aa %v", tr.GetId(), tr, want)
+	}
+	// Read again: aa is stored with the trial.
+	got, err := s.replay.GetTrial(ctx, &replayv1.GetTrialRequest{Trial: tr.GetId()})
+	if err != nil || got.GetTrial().Aa == nil || got.GetTrial().GetAa() != want {
+		t.Errorf("get trial %s: %v %v", tr.GetId(), got, err)
+	}
+}
