@@ -82,7 +82,7 @@ func BenchmarkForkAtStep(b *testing.B) {
 	for _, st := range steps[:n] {
 		runLatency += time.Duration(st.GetLatencyMs()) * time.Millisecond
 	}
-	hash := treeHashTime(b, rs, turn.GetRunId())
+	hash, exec := treeHashTime(b, rs, turn.GetRunId())
 	b.Run("prefix", func(b *testing.B) {
 		var d, span, latency time.Duration
 		runs := 0
@@ -114,7 +114,8 @@ func BenchmarkForkAtStep(b *testing.B) {
 		// replay-latency: the gateway's time per replayed step (the tape
 		// read, the request check, the tree hash), run-latency the same on
 		// the recording (the scripted upstream, the tree hash); tree-hash:
-		// one `hangar-sandbox tree-hash` exec, as the gateway runs it.
+		// one `hangar-sandbox tree-hash` exec, as the gateway runs it;
+		// exec-true: an exec of `true` there (the floor of any exec).
 		b.ReportMetric(float64(d.Milliseconds()), fmt.Sprintf("prefix@%d-ms", n))
 		b.ReportMetric(float64(tool.Milliseconds()), "run-tool-ms")
 		b.ReportMetric(float64(span.Milliseconds()), "replay-span-ms")
@@ -123,6 +124,7 @@ func BenchmarkForkAtStep(b *testing.B) {
 		b.ReportMetric(float64(latency.Milliseconds())/float64(n), "replay-latency-ms/step")
 		b.ReportMetric(float64(runLatency.Milliseconds())/float64(n), "run-latency-ms/step")
 		b.ReportMetric(float64(hash.Microseconds())/1000, "tree-hash-ms")
+		b.ReportMetric(float64(exec.Microseconds())/1000, "exec-true-ms")
 	})
 	b.Run("k", func(b *testing.B) {
 		for b.Loop() {
@@ -155,8 +157,9 @@ func BenchmarkForkAtStep(b *testing.B) {
 }
 
 // treeHashTime is the mean time of the sandbox exec the gateway runs at
-// each step (`hangar-sandbox tree-hash`) in the sandbox of run's session.
-func treeHashTime(b *testing.B, rs *replayStack, run string) time.Duration {
+// each step (`hangar-sandbox tree-hash`) in the sandbox of run's session,
+// and of an exec of `true` there.
+func treeHashTime(b *testing.B, rs *replayStack, run string) (hash, exec time.Duration) {
 	b.Helper()
 	ctx := context.Background()
 	r, err := rs.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: run})
@@ -175,17 +178,22 @@ func treeHashTime(b *testing.B, rs *replayStack, run string) time.Duration {
 		b.Fatal(err)
 	}
 	const times = 5
-	var d time.Duration
 	for range times {
-		var out, errOut bytes.Buffer
-		start := time.Now()
-		code, err := sandboxexec.New(rs.sandboxes).Exec(ctx, sb, 0, sandboxtool.Argv(sandboxtool.CommandTreeHash), nil, "", bytes.NewReader(line), &out, &errOut)
-		d += time.Since(start)
-		if err != nil || code != 0 {
-			b.Fatalf("tree-hash in %s: %d %v %s", sb, code, err, errOut.String())
+		for _, c := range []struct {
+			argv  []string
+			stdin []byte
+			d     *time.Duration
+		}{{sandboxtool.Argv(sandboxtool.CommandTreeHash), line, &hash}, {[]string{"true"}, nil, &exec}} {
+			var out, errOut bytes.Buffer
+			start := time.Now()
+			code, err := sandboxexec.New(rs.sandboxes).Exec(ctx, sb, 0, c.argv, nil, "", bytes.NewReader(c.stdin), &out, &errOut)
+			*c.d += time.Since(start)
+			if err != nil || code != 0 {
+				b.Fatalf("%v in %s: %d %v %s", c.argv, sb, code, err, errOut.String())
+			}
 		}
 	}
-	return d / times
+	return hash / times, exec / times
 }
 
 // prefixTape is the tape of the run that rebuilt f's prefix.
