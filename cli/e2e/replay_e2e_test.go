@@ -46,10 +46,19 @@ const replayNoiseCmd = `head -c 32 /dev/urandom > noise.bin && echo noise-done`
 // directory is named after it), so each trial's tree differs.
 const replayTrialCmd = `basename "$(dirname "$PWD")" > trial.txt && echo trial-done`
 
+// replayNetCmd reaches the host's listener on port (hostListener): the
+// recorded run's environment has egress, it prints the listener's answer;
+// a replay's has none, curl's connection error instead. It exits 0 either
+// way, so only the output differs.
+func replayNetCmd(port int) string {
+	return fmt.Sprintf(`curl -sS --http0.9 -m 5 http://127.0.0.1:%d/ 2>&1; echo net-done`, port)
+}
+
 // replayScript: "replay task" is six chained tool steps, each answered on
-// the previous step's output; "clock task" prints the clock; a trial's
-// continuation writes trial.txt.
-func replayScript() scripted.Script {
+// the previous step's output; "clock task" prints the clock; "noise task"
+// writes random bytes; "network task" (when hostPort is not 0) reaches the
+// host's listener on hostPort; a trial's continuation writes trial.txt.
+func replayScript(hostPort int) scripted.Script {
 	var rules []scripted.Rule
 	for _, c := range agentCLIs {
 		call := func(cmd string) scripted.Answer {
@@ -60,12 +69,16 @@ func replayScript() scripted.Script {
 			scripted.Rule{Name: c.tool + "-steps-done", Tool: c.tool, ToolResult: fmt.Sprintf("step-%d-done", replaySteps), Answer: scripted.Answer{Text: "All steps done."}},
 			scripted.Rule{Name: c.tool + "-clock-done", Tool: c.tool, ToolResult: "clock-", Answer: scripted.Answer{Text: "Clock read."}},
 			scripted.Rule{Name: c.tool + "-noise-done", Tool: c.tool, ToolResult: "noise-done", Answer: scripted.Answer{Text: "Noise written."}},
+			scripted.Rule{Name: c.tool + "-net-done", Tool: c.tool, ToolResult: "net-done", Answer: scripted.Answer{Text: "Host read."}},
 			// A continuation: the trial's own task (whatever the last input).
 			scripted.Rule{Name: c.tool + "-continue", Tool: c.tool, Prompt: "(?i)continue from where you stopped", Answer: call(replayTrialCmd)},
 			scripted.Rule{Name: c.tool + "-step-1", Tool: c.tool, Prompt: "(?i)replay task", LastIsToolResult: scripted.Bool(false), Answer: call(replayStepCmd(1))},
 			scripted.Rule{Name: c.tool + "-clock", Tool: c.tool, Prompt: "(?i)clock task", LastIsToolResult: scripted.Bool(false), Answer: call(`echo clock-$(date +%s%N)`)},
 			scripted.Rule{Name: c.tool + "-noise", Tool: c.tool, Prompt: "(?i)noise task", LastIsToolResult: scripted.Bool(false), Answer: call(replayNoiseCmd)},
 		)
+		if hostPort != 0 {
+			rules = append(rules, scripted.Rule{Name: c.tool + "-net", Tool: c.tool, Prompt: "(?i)network task", LastIsToolResult: scripted.Bool(false), Answer: call(replayNetCmd(hostPort))})
+		}
 		for k := 2; k <= replaySteps; k++ {
 			rules = append(rules, scripted.Rule{Name: fmt.Sprintf("%s-step-%d", c.tool, k), Tool: c.tool, ToolResult: fmt.Sprintf("step-%d-done", k-1), Answer: call(replayStepCmd(k))})
 		}
@@ -76,6 +89,35 @@ func replayScript() scripted.Script {
 type replayStack struct {
 	*stack
 	replay replayv1.ReplayServiceClient
+	// hostPort is the host's listener (hostListener), on loopback.
+	hostPort int
+}
+
+// hostListener starts a listener on the host's loopback that answers
+// every connection with "host-reached" (no HTTP: curl --http0.9 reads it)
+// and returns its port.
+func hostListener(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// Read the request first: a close with it unread is a
+			// reset, which curl may see before the answer.
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, _ = http.ReadRequest(bufio.NewReader(c))
+			_, _ = c.Write([]byte("host-reached\n"))
+			_ = c.Close()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func replayStart(t *testing.T) *replayStack {
@@ -86,7 +128,8 @@ func replayStart(t *testing.T) *replayStack {
 // replayStartWith is replayStart with more settings.
 func replayStartWith(t *testing.T, vars map[string]string) *replayStack {
 	t.Helper()
-	script := replayScript()
+	port := hostListener(t)
+	script := replayScript(port)
 	all := map[string]string{"HANGAR_CACHE_STAGGER_SECONDS": "0"}
 	for k, v := range vars {
 		all[k] = v
@@ -98,7 +141,7 @@ func replayStartWith(t *testing.T, vars map[string]string) *replayStack {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return &replayStack{stack: s, replay: replayv1.NewReplayServiceClient(conn)}
+	return &replayStack{stack: s, replay: replayv1.NewReplayServiceClient(conn), hostPort: port}
 }
 
 // record runs a session's first turn and returns its run id and tape.
@@ -282,6 +325,30 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 		t.Errorf("noise replay: %v (%s), divergence %v, want tree at %d", n.GetStatus(), n.GetStatusReason(), n.GetDivergence(), after)
 	}
 
+	// A step that reaches a port on the host: the recorded run's
+	// environment has egress (its curl prints the listener's answer), the
+	// replay's has none (its curl prints a connection error): a network
+	// divergence at the request that carries the step's output.
+	wrun, wsteps := s.record(t, "net-"+hname, h, "Please do the network task.")
+	after = 0
+	for _, st := range wsteps {
+		if body := string(st.GetRequest().GetBody()); strings.Contains(body, "net-done") {
+			if !strings.Contains(body, "host-reached") {
+				t.Fatalf("the recorded run %s did not reach the host: step %d's request:\n%s", wrun, st.GetSeq(), body)
+			}
+			after = st.GetSeq()
+			break
+		}
+	}
+	if after == 0 {
+		t.Fatalf("no request of %s carries the network step's output", wrun)
+	}
+	w := s.fork(t, &replayv1.ForkRunRequest{Run: wrun, AtSeq: int32(len(wsteps)), Continuations: proto.Int32(0)})
+	if w.GetStatus() != replayv1.ForkStatus_FORK_STATUS_DIVERGED || w.GetDivergence().GetKind() != replayv1.DivergenceKind_DIVERGENCE_KIND_NETWORK || w.GetDivergence().GetSeq() != after {
+		t.Errorf("network replay: %v (%s), divergence %v, want network at %d", w.GetStatus(), w.GetStatusReason(), w.GetDivergence(), after)
+	}
+	t.Logf("network replay: %v", w.GetDivergence())
+
 	// A second turn's run is refused.
 	if _, err := s.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: name, Message: "Please do the clock task."}); err != nil {
 		t.Fatal(err)
@@ -300,25 +367,6 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 func (s *replayStack) checkSealed(t *testing.T, f *replayv1.Fork) {
 	t.Helper()
 	ctx := context.Background()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			// Read the request first: a close with it unread is a
-			// reset, which curl may see before the answer.
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			_, _ = http.ReadRequest(bufio.NewReader(c))
-			_, _ = c.Write([]byte("host-reached\n"))
-			_ = c.Close()
-		}
-	}()
 	tr := f.GetTrials()[0]
 	sess := s.get(t, tr.GetSession())
 	if sess.GetEnvironment() != "e2e-replay" {
@@ -334,7 +382,7 @@ func (s *replayStack) checkSealed(t *testing.T, f *replayv1.Fork) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
+	port := s.hostPort
 	if out, code := s.exec(t, sess.GetSandboxId(), fmt.Sprintf("curl -sS --http0.9 -m 5 http://127.0.0.1:%d/ || curl -sS -m 5 http://10.255.255.1/", port)); code == 0 || strings.Contains(out, "host-reached") {
 		t.Errorf("a replay sandbox reached the host: code %d %q", code, out)
 	}
@@ -558,5 +606,76 @@ func TestForkAtStepPinSet(t *testing.T) {
 		if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), "pin_set") || !strings.Contains(status.Convert(err).Message(), c.pin) {
 			t.Errorf("pin_set %q: %v, want %v naming pin_set and the lock", c.pin, err, c.code)
 		}
+	}
+}
+
+// TestForkAtStepAA: a fork of a run that is an attempt of a best-of-N job
+// with a check records `aa` on a trial whose prefix was clean, on the
+// run's own harness: whether the job's check gives the same result on the
+// trial as on the attempt. The job's session has no turns of its own, so
+// the attempt's run is its session's first (the one a fork can replay).
+// The check passes when steps.txt ends at step 6, as the attempt left it.
+// Claude Code continues the prefix at step 3 with steps 4-6 (the check
+// passes on both: aa true); Codex continues with a message of its own, the
+// trial's task (steps.txt ends at step 3: the check fails on the trial
+// only, aa false).
+func TestForkAtStepAA(t *testing.T) {
+	s := replayStart(t)
+	for _, c := range []struct {
+		name    string
+		harness sessionv1.Harness
+		aa      bool
+	}{
+		{"claude", sessionv1.Harness_HARNESS_CLAUDE, true},
+		{"codex", sessionv1.Harness_HARNESS_CODEX, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s.forkAA(t, "aa-"+c.name, c.harness, c.aa)
+		})
+	}
+}
+
+func (s *replayStack) forkAA(t *testing.T, name string, h sessionv1.Harness, want bool) {
+	ctx := context.Background()
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: name, Environment: "e2e", Harness: h}); err != nil {
+		t.Fatal(err)
+	}
+	// Opened, it has a checkpoint to fork the attempts from.
+	if _, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: name}); err != nil {
+		t.Fatalf("open %s: %v", name, err)
+	}
+	created, err := s.jobs.CreateJob(ctx, &sessionv1.CreateJobRequest{
+		Strategy: sessionv1.JobStrategy_JOB_STRATEGY_BEST_OF_N, Session: name, Message: "Please do the replay task.", N: 1,
+		Check: fmt.Sprintf(`[ "$(tail -n 1 steps.txt)" = "step %d" ]`, replaySteps),
+	})
+	if err != nil {
+		t.Fatalf("create job: %v", err)
+	}
+	job := forkWaitJob(t, &forkStack{stack: s.stack}, created.GetJob().GetId())
+	if job.GetState() != sessionv1.JobState_JOB_STATE_DELIVERED || len(job.GetAttempts()) != 1 || job.GetAttempts()[0].GetCheckExitCode() != 0 {
+		t.Fatalf("job %s: %v (%s) attempts %v", job.GetId(), job.GetState(), job.GetError(), job.GetAttempts())
+	}
+	attempt := job.GetAttempts()[0].GetSession()
+	turn := s.waitTurn(t, attempt, 1)
+	if turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED || turn.GetRunId() == "" {
+		t.Fatalf("attempt %s's turn 1: %v (%s), run %q", attempt, turn.GetOutcome(), turn.GetOutcomeReason(), turn.GetRunId())
+	}
+	tape, err := s.gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: turn.GetRunId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := toolStepSeq(t, tape.GetSteps(), 3)
+	f := s.fork(t, &replayv1.ForkRunRequest{Run: turn.GetRunId(), AtSeq: at, Continuations: proto.Int32(1)})
+	if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_FORKED || f.GetDivergence() != nil || len(f.GetTrials()) != 1 {
+		t.Fatalf("fork of %s at %d: %v (%s), divergence %v", turn.GetRunId(), at, f.GetStatus(), f.GetStatusReason(), f.GetDivergence())
+	}
+	tr := f.GetTrials()[0]
+	if tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_ENDED || tr.GetOutcome() != replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED || tr.Aa == nil || tr.GetAa() != want {
+		t.Errorf("trial %s: %v, want ended, completed, aa %v", tr.GetId(), tr, want)
+	}
+	// Read again: aa is stored with the trial.
+	got, err := s.replay.GetTrial(ctx, &replayv1.GetTrialRequest{Trial: tr.GetId()})
+	if err != nil || got.GetTrial().Aa == nil || got.GetTrial().GetAa() != want {
+		t.Errorf("get trial %s: %v %v", tr.GetId(), got, err)
 	}
 }

@@ -76,6 +76,9 @@ type Options struct {
 	// Trees takes the work tree hash of a run's sandbox when a step's
 	// request arrives (nil: no tree hashes are taped).
 	Trees TreeHasher
+	// OnTreeWait, when set, is called as a call's answer starts waiting for
+	// its work tree hash (the first byte of the answer is held; tests).
+	OnTreeWait func(run string)
 }
 
 // TreeHasher hashes the work tree of the sandbox a run's harness runs in.
@@ -272,6 +275,8 @@ type call struct {
 	failure string
 	// done: the step is recorded (finish ran).
 	done bool
+	// tree is the work tree hash being taken (nil: none is taken).
+	tree *pendingTree
 }
 
 func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1.Provider, path, scope string) {
@@ -332,7 +337,10 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 		Request: &gatewayv1.StepRequest{Method: r.Method, Path: path, Headers: pickHeaders(r.Header), Body: body},
 	}}
 	defer h.finish(c)
-	h.takeTree(ctx, c)
+	// The work tree hash is taken while the call goes on (the tape is
+	// read, the upstream answers); the answer's first byte waits for it.
+	h.startTree(ctx, c)
+	w = &treeGate{ResponseWriter: w, wait: func() { h.awaitTree(c) }}
 
 	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" {
 		if done := h.replayStep(w, r, c, rp); done {
@@ -382,24 +390,78 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 // the index).
 const treeHashTimeout = 30 * time.Second
 
-// takeTree records on the call's step the hash of the run's work tree as
-// the request arrives: the harness waits for this answer, so the tree is
-// the one the tools of the steps before left. A hash that cannot be taken
-// is left out (the step is not checked for tree divergence).
-func (h *Handler) takeTree(ctx context.Context, c *call) {
+// pendingTree is a work tree hash being taken.
+type pendingTree struct {
+	done chan struct{}
+	hash string
+	err  error
+	// taken: awaitTree has put the result on the step.
+	taken bool
+}
+
+// startTree starts taking the hash of the run's work tree as the request
+// arrives: the harness waits for this answer, so the tree is the one the
+// tools of the steps before left, and stays so until the harness gets the
+// answer's first byte (treeGate holds it until the hash is taken). The
+// hash is taken concurrently with the rest of the call: the replay's tape
+// read and request check, the upstream call.
+func (h *Handler) startTree(ctx context.Context, c *call) {
 	sb := c.run.GetSandbox()
 	if h.o.Trees == nil || sb.GetId() == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, treeHashTimeout)
-	defer cancel()
-	hash, err := h.o.Trees.TreeHash(ctx, sb)
-	if err != nil {
-		h.o.Logger.LogAttrs(ctx, slog.LevelWarn, "work tree hash not taken", slog.String("run", c.run.GetId()), slog.Int("seq", int(c.step.Seq)), slog.Any("error", err))
+	pt := &pendingTree{done: make(chan struct{})}
+	c.tree = pt
+	go func() {
+		defer close(pt.done)
+		ctx, cancel := context.WithTimeout(ctx, treeHashTimeout)
+		defer cancel()
+		pt.hash, pt.err = h.o.Trees.TreeHash(ctx, sb)
+	}()
+}
+
+// awaitTree waits for the hash startTree started and records it on the
+// call's step. A hash that cannot be taken is left out (the step is not
+// checked for tree divergence). It runs on the call's goroutine, before
+// the answer's first byte, the replay's tree check and the taping of the
+// step, whichever comes first.
+func (h *Handler) awaitTree(c *call) {
+	pt := c.tree
+	if pt == nil || pt.taken {
 		return
 	}
-	c.step.TreeHash = hash
+	pt.taken = true
+	select {
+	case <-pt.done:
+	default:
+		if h.o.OnTreeWait != nil {
+			h.o.OnTreeWait(c.run.GetId())
+		}
+		<-pt.done
+	}
+	if pt.err != nil {
+		h.o.Logger.LogAttrs(context.Background(), slog.LevelWarn, "work tree hash not taken", slog.String("run", c.run.GetId()), slog.Int("seq", int(c.step.Seq)), slog.Any("error", pt.err))
+		return
+	}
+	c.step.TreeHash = pt.hash
 }
+
+// treeGate holds the first byte of a call's answer until the call's work
+// tree hash is taken: once the harness has any of the answer it may run
+// the answer's tools, which change the tree. Headers pass (they carry no
+// tool call).
+type treeGate struct {
+	http.ResponseWriter
+	wait func()
+}
+
+func (g *treeGate) Write(b []byte) (int, error) {
+	g.wait()
+	return g.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the server's writer (Flush).
+func (g *treeGate) Unwrap() http.ResponseWriter { return g.ResponseWriter }
 
 func pickHeaders(hd http.Header) map[string]string {
 	out := map[string]string{}
@@ -641,6 +703,7 @@ func (h *Handler) finish(c *call) {
 		return
 	}
 	c.done = true
+	h.awaitTree(c)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(context.Background()), 30*time.Second+storeOutageWait)
 	defer cancel()
 	c.step.LatencyMs = h.o.Now().Sub(c.start).Milliseconds()

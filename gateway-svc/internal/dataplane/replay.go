@@ -121,6 +121,7 @@ func (h *Handler) checkStep(ctx context.Context, w http.ResponseWriter, c *call,
 		return taped, d, false
 	}
 	// The request matches; the work tree the tools left must too.
+	h.awaitTree(c)
 	return taped, replay.CompareTree(taped.GetTreeHash(), c.step.TreeHash), false
 }
 

@@ -55,18 +55,24 @@ type Canon struct {
 }
 
 // apply rewrites b's volatile text to a fixed form: the date line, the
-// session's work tree path and its branch.
+// session's work tree path and a session branch.
 func (c Canon) apply(b []byte, session string) []byte {
 	b = dateLine.ReplaceAll(b, []byte("${1}<date>"))
 	if session != "" {
 		b = bytes.ReplaceAll(b, []byte("/"+session+"/work"), []byte("/<session>/work"))
 		b = bytes.ReplaceAll(b, []byte("/"+session+"/home"), []byte("/<session>/home"))
 		b = bytes.ReplaceAll(b, []byte("-"+session+"-work"), []byte("-<session>-work"))
-		// The session's branch, which a CLI's git context names.
-		b = bytes.ReplaceAll(b, []byte("hangar/session/"+session), []byte("hangar/session/<session>"))
 	}
-	return b
+	// The session's branch, which a CLI's git context names. It is not
+	// always named after the session (a job's attempt is on
+	// hangar/session/<job session>-fork-<n>), but a replay always runs in
+	// a session of its own: any hangar session branch stands for the
+	// session's own.
+	return sessionBranch.ReplaceAll(b, []byte("hangar/session/<session>"))
 }
+
+// sessionBranch matches a hangar session branch (hangar/session/<name>).
+var sessionBranch = regexp.MustCompile(`hangar/session/[A-Za-z0-9._-]+`)
 
 // Compare returns nil when the incoming request matches the taped one, or
 // the first divergence (Seq unset).

@@ -2,8 +2,11 @@ package server_test
 
 import (
 	"bufio"
+	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +14,7 @@ import (
 	"time"
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	"github.com/hangar-dev/hangar/gateway-svc/internal/server"
 	"github.com/hangar-dev/hangar/gateway-svc/scripted"
 )
 
@@ -84,4 +88,117 @@ func BenchmarkConcurrentStreams(b *testing.B) {
 		n += workers
 	}
 	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "streams/s")
+}
+
+// sleepTrees is a TreeHasher that takes d per hash (a sandbox exec of
+// `hangar-sandbox tree-hash`).
+type sleepTrees struct{ d time.Duration }
+
+func (s sleepTrees) TreeHash(ctx context.Context, _ *gatewayv1.RunSandbox) (string, error) {
+	select {
+	case <-time.After(s.d):
+		return "tree-1", nil
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// slowFirstByte delays every upstream answer by d (the model's time to
+// its first byte).
+func slowFirstByte(next http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(d) // the simulated upstream latency, not a wait on a condition
+		next.ServeHTTP(w, r)
+	})
+}
+
+// BenchmarkStepTreeHash measures a whole step (request to the answer's
+// end) through the gateway with the work tree hash taken at each step, for
+// a hash of 0 (no hasher) and 10 ms against an upstream whose first byte
+// takes 0 or 20 ms, and for a replayed step (answered from the tape). The
+// hash runs concurrently with the upstream call: with the 20 ms upstream a
+// 10 ms hash adds nothing; a replayed step costs the hash plus the
+// gateway's own work (tree-added-ms: the time over the same step with no
+// hasher).
+//
+//	go test -run '^$' -bench BenchmarkStepTreeHash ./internal/server/
+func BenchmarkStepTreeHash(b *testing.B) {
+	const hash = 10 * time.Millisecond
+	for _, upDelay := range []time.Duration{0, 20 * time.Millisecond} {
+		for _, mode := range []string{"live", "replay"} {
+			if mode == "replay" && upDelay != 0 {
+				continue // no upstream call
+			}
+			var base float64
+			for _, h := range []time.Duration{0, hash} {
+				name := fmt.Sprintf("%s/upstream-%dms/hash-%dms", mode, upDelay.Milliseconds(), h.Milliseconds())
+				if mode == "replay" {
+					name = fmt.Sprintf("%s/hash-%dms", mode, h.Milliseconds())
+				}
+				b.Run(name, func(b *testing.B) {
+					msPerStep := stepTime(b, mode, upDelay, h)
+					b.ReportMetric(msPerStep, "ms/step")
+					if h == 0 {
+						base = msPerStep
+					} else {
+						b.ReportMetric(msPerStep-base, "tree-added-ms")
+					}
+				})
+			}
+		}
+	}
+}
+
+// stepTime is the mean time of a step in b's loop, in ms.
+func stepTime(b *testing.B, mode string, upDelay, hash time.Duration) float64 {
+	script := scripted.Script{Default: &scripted.Answer{Text: "hello", Usage: &scripted.Usage{InputTokens: 10, OutputTokens: 2}}}
+	upstream := scripted.MustNew(script)
+	up := httptest.NewServer(slowFirstByte(upstream, upDelay))
+	b.Cleanup(up.Close)
+	e := newEnv(b, script, func(d *server.Deps) {
+		d.Upstreams.AnthropicURL = up.URL
+		if hash > 0 {
+			d.Trees = sleepTrees{hash}
+		}
+	})
+	ctx := context.Background()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	sb := &gatewayv1.RunSandbox{Id: "sb-1", WorkDir: "/s/work"}
+	rec, tok := e.createRun(b, &gatewayv1.CreateRunRequest{Session: "ses-rec", Sandbox: sb})
+	step := func(tok string) time.Duration {
+		req, _ := http.NewRequest(http.MethodPost, e.data.URL+"/v1/messages", strings.NewReader(anthBody))
+		req.Header.Set("x-api-key", tok)
+		req.Header.Set("Content-Type", "application/json")
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("step: %d", resp.StatusCode)
+		}
+		return time.Since(start)
+	}
+	if mode == "replay" {
+		step(tok) // the taped step every replay answers from
+	}
+	var total time.Duration
+	n := 0
+	for b.Loop() {
+		if mode == "live" {
+			total += step(tok)
+		} else {
+			b.StopTimer()
+			r, rtok := e.createRun(b, &gatewayv1.CreateRunRequest{Session: "ses-rp", Sandbox: sb})
+			if _, err := e.srv.SetReplay(ctx, &gatewayv1.SetReplayRequest{Run: r.GetId(), Replay: &gatewayv1.Replay{TapeRun: rec.GetId(), AtSeq: 1}}); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			total += step(rtok)
+		}
+		n++
+	}
+	return float64(total.Microseconds()) / 1000 / float64(n)
 }

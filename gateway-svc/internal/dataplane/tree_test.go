@@ -1,0 +1,177 @@
+package dataplane_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	"github.com/hangar-dev/hangar/gateway-svc/internal/dataplane"
+)
+
+// fakeTrees is a TreeHasher whose hashes come from a function.
+type fakeTrees struct {
+	mu    sync.Mutex
+	hash  func(ctx context.Context, sb *gatewayv1.RunSandbox) (string, error)
+	calls int
+}
+
+func (f *fakeTrees) TreeHash(ctx context.Context, sb *gatewayv1.RunSandbox) (string, error) {
+	f.mu.Lock()
+	f.calls++
+	hash := f.hash
+	f.mu.Unlock()
+	return hash(ctx, sb)
+}
+
+func (f *fakeTrees) set(hash func(ctx context.Context, sb *gatewayv1.RunSandbox) (string, error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hash = hash
+}
+
+// TestTreeHashRunsWithTheUpstreamCall: the work tree hash is taken while
+// the call goes upstream (the upstream has the request before the hash
+// returns), the answer's first byte waits for the hash (the harness could
+// change the tree once it has any of the answer), and the tape holds the
+// hash as before.
+func TestTreeHashRunsWithTheUpstreamCall(t *testing.T) {
+	t.Parallel()
+	trees := &fakeTrees{}
+	treeWait := make(chan string, 1)
+	e := newEnv(t, func(o *dataplane.Options) {
+		o.Trees = trees
+		o.OnTreeWait = func(run string) { treeWait <- run }
+	})
+	firstByte := make(chan struct{})
+	var (
+		mu     sync.Mutex
+		checks []string
+	)
+	check := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		checks = append(checks, s)
+	}
+	trees.set(func(ctx context.Context, sb *gatewayv1.RunSandbox) (string, error) {
+		if sb.GetId() != "sb-1" || sb.GetWorkDir() != "/s/work" {
+			check("sandbox " + sb.String())
+		}
+		// The upstream has the call while the hash is being taken.
+		select {
+		case <-e.gate.arrived:
+		case <-time.After(30 * time.Second):
+			return "", errors.New("the upstream call waited for the tree hash")
+		}
+		e.openGate()
+		// The upstream answers; the gateway holds the answer's first byte.
+		select {
+		case <-treeWait:
+		case <-time.After(30 * time.Second):
+			return "", errors.New("the answer did not wait for the tree hash")
+		}
+		select {
+		case <-firstByte:
+			check("the client had the answer's first byte before the tree hash")
+		default:
+		}
+		return "tree-1", nil
+	})
+	run, tok := e.create(t, &gatewayv1.Run{Sandbox: &gatewayv1.RunSandbox{Id: "sb-1", WorkDir: "/s/work"}})
+
+	req, _ := http.NewRequest(http.MethodPost, e.data.URL+"/v1/messages", strings.NewReader(msg("HOLD hi")))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("x-api-key", tok)
+	resp, err := e.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.Peek(1); err != nil {
+		t.Fatal(err)
+	}
+	close(firstByte)
+	var body strings.Builder
+	if _, err := br.WriteTo(&body); err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(body.String(), "message_stop") {
+		t.Fatalf("answer: %d %v\n%s", resp.StatusCode, err, body.String())
+	}
+	mu.Lock()
+	for _, c := range checks {
+		t.Error(c)
+	}
+	mu.Unlock()
+	st, err := e.tapes.Step(context.Background(), run.GetId(), 1)
+	if err != nil || st.GetTreeHash() != "tree-1" {
+		t.Errorf("step 1: tree hash %q (err %v), want tree-1", st.GetTreeHash(), err)
+	}
+}
+
+// TestTreeHashFailureLeavesItOut: a hash that cannot be taken leaves the
+// step without one; the call is answered as usual.
+func TestTreeHashFailureLeavesItOut(t *testing.T) {
+	t.Parallel()
+	trees := &fakeTrees{}
+	trees.set(func(context.Context, *gatewayv1.RunSandbox) (string, error) { return "", errors.New("no sandbox") })
+	e := newEnv(t, func(o *dataplane.Options) { o.Trees = trees })
+	run, tok := e.create(t, &gatewayv1.Run{Sandbox: &gatewayv1.RunSandbox{Id: "sb-1", WorkDir: "/s/work"}})
+	if ans := e.post(t, "/v1/messages", tok, msg("hi")); ans.status != http.StatusOK {
+		t.Fatalf("%d %s", ans.status, ans.body)
+	}
+	st, err := e.tapes.Step(context.Background(), run.GetId(), 1)
+	if err != nil || st.GetTreeHash() != "" || st.GetResponse() == nil {
+		t.Errorf("step 1: %v %v", st, err)
+	}
+	// A run without a sandbox takes no hash.
+	_, tok = e.create(t, &gatewayv1.Run{})
+	trees.mu.Lock()
+	before := trees.calls
+	trees.mu.Unlock()
+	e.post(t, "/v1/messages", tok, msg("hi"))
+	trees.mu.Lock()
+	defer trees.mu.Unlock()
+	if trees.calls != before {
+		t.Errorf("a run without a sandbox took %d tree hashes", trees.calls-before)
+	}
+}
+
+// TestReplayComparesTheTreeHash: a replayed step's tree hash, taken while
+// the request is checked against the tape, is compared with the taped one:
+// the same tree is answered from the tape, another is a tree divergence.
+func TestReplayComparesTheTreeHash(t *testing.T) {
+	t.Parallel()
+	trees := &fakeTrees{}
+	tree := func(h string) func(context.Context, *gatewayv1.RunSandbox) (string, error) {
+		return func(context.Context, *gatewayv1.RunSandbox) (string, error) { return h, nil }
+	}
+	trees.set(tree("tree-1"))
+	e := newEnv(t, func(o *dataplane.Options) { o.Trees = trees })
+	sb := &gatewayv1.RunSandbox{Id: "sb-1", WorkDir: "/s/work"}
+	rec, tok := e.create(t, &gatewayv1.Run{Session: "ses-rec", Sandbox: sb})
+	if ans := e.post(t, "/v1/messages", tok, msg("hi")); ans.status != http.StatusOK {
+		t.Fatalf("record: %d %s", ans.status, ans.body)
+	}
+	upstreamCalls := e.gate.calls.Load()
+	for _, c := range []struct {
+		tree     string
+		replayed bool
+	}{{"tree-1", true}, {"tree-2", false}} {
+		trees.set(tree(c.tree))
+		_, rtok := e.create(t, &gatewayv1.Run{Session: "ses-rp", Sandbox: sb, Replay: &gatewayv1.Replay{TapeRun: rec.GetId(), AtSeq: 1}})
+		ans := e.post(t, "/v1/messages", rtok, msg("hi"))
+		switch {
+		case c.replayed && (ans.status != http.StatusOK || ans.header.Get("x-hangar-replayed") != "true"):
+			t.Errorf("same tree: %d %s", ans.status, ans.body)
+		case !c.replayed && (ans.status != http.StatusForbidden || !strings.Contains(ans.body, "diverged at step 1 (tree)")):
+			t.Errorf("another tree: %d %s", ans.status, ans.body)
+		}
+	}
+	if n := e.gate.calls.Load(); n != upstreamCalls {
+		t.Errorf("the replays made %d upstream calls", n-upstreamCalls)
+	}
+}
