@@ -218,6 +218,20 @@ func TestGKEOverlay(t *testing.T) {
 		!strings.HasSuffix(sa.Annotations["iam.gke.io/gcp-service-account"], ".iam.gserviceaccount.com") {
 		t.Errorf("checkpoint-svc's ServiceAccount %q has no workload identity annotation: %v", cp.Spec.Template.Spec.ServiceAccountName, sa.Annotations)
 	}
+	// The gateway's tapes live in the checkpoint store, reached as the
+	// same Google service account.
+	var gw appsv1.Deployment
+	r.get(t, "Deployment", "gateway-svc", &gw)
+	cpStore, _ := env(cp.Spec.Template.Spec.Containers[0], "HANGAR_SESSION_STORE")
+	if e, _ := env(gw.Spec.Template.Spec.Containers[0], "HANGAR_SESSION_STORE"); e.Value != cpStore.Value {
+		t.Errorf("gateway-svc HANGAR_SESSION_STORE = %q, want checkpoint-svc's %q (the tapes are shared through it)", e.Value, cpStore.Value)
+	}
+	var gwsa corev1.ServiceAccount
+	if !r.get(t, "ServiceAccount", gw.Spec.Template.Spec.ServiceAccountName, &gwsa) ||
+		gwsa.Annotations["iam.gke.io/gcp-service-account"] != sa.Annotations["iam.gke.io/gcp-service-account"] {
+		t.Errorf("gateway-svc's ServiceAccount %q acts as %q, want checkpoint-svc's %q", gw.Spec.Template.Spec.ServiceAccountName,
+			gwsa.Annotations["iam.gke.io/gcp-service-account"], sa.Annotations["iam.gke.io/gcp-service-account"])
+	}
 	var d appsv1.Deployment
 	r.get(t, "Deployment", "session-svc", &d)
 	if e, _ := env(d.Spec.Template.Spec.Containers[0], "HANGAR_DATABASE_URL"); e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {

@@ -143,6 +143,15 @@ resource "google_service_account_iam_member" "checkpoint_workload_identity" {
   member             = "serviceAccount:${var.project_id}.svc.id.goog[${var.namespace}/hangar-checkpoint-svc]"
 }
 
+# gateway-svc keeps the model tapes and its run journal in the same bucket
+# (keys tapes/ and runs/), so every gateway replica reads every tape: its
+# Kubernetes ServiceAccount acts as the same Google service account.
+resource "google_service_account_iam_member" "gateway_workload_identity" {
+  service_account_id = google_service_account.checkpoint.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = "serviceAccount:${var.project_id}.svc.id.goog[${var.namespace}/hangar-gateway-svc]"
+}
+
 # Images (deploy/images/build writes them; crane push them here). Image
 # streaming needs them in Artifact Registry.
 resource "google_artifact_registry_repository" "images" {

@@ -217,6 +217,10 @@ func TestWiring(t *testing.T) {
 	if wi == nil || value(t, wi, "role").AsString() != "roles/iam.workloadIdentityUser" {
 		t.Error("checkpoint-svc's Kubernetes ServiceAccount cannot act as its Google service account")
 	}
+	gw := m.find("resource", "google_service_account_iam_member", "gateway_workload_identity")
+	if gw == nil || value(t, gw, "role").AsString() != "roles/iam.workloadIdentityUser" {
+		t.Error("gateway-svc's Kubernetes ServiceAccount cannot act as the store's Google service account (the tapes are in the bucket)")
+	}
 	for _, o := range []string{"checkpoint_service_account", "image_repository"} {
 		if m.find("output", o) == nil {
 			t.Errorf("no output %s", o)
