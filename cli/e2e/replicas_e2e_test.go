@@ -28,6 +28,7 @@ import (
 	"time"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/cli/client"
@@ -35,6 +36,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // svcProcess is one service binary run as its own process, restartable
@@ -176,13 +178,19 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 		rs.procs = append(rs.procs, p)
 		rs.byName[name] = p
 	}
+	// One store for checkpoints and tapes (a bucket on GKE); each gateway
+	// has a data directory of its own, as a pod does, so a tape is read
+	// through the other replica only from the shared store.
+	store := filepath.Join(root, "store")
 	for _, i := range []string{"1", "2"} {
-		add("gateway-"+i, "gateway-svc", "HANGAR_GATEWAY_ADDR="+addrs["gateway-"+i])
+		add("gateway-"+i, "gateway-svc", "HANGAR_GATEWAY_ADDR="+addrs["gateway-"+i], "HANGAR_SESSION_STORE="+store,
+			"HANGAR_HOME="+filepath.Join(root, "gateway-home-"+i))
 	}
 	for _, i := range []string{"1", "2"} {
 		add("sandbox-"+i, "sandbox-svc", "HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i], "HANGAR_SANDBOX_PEER_ADDR="+addrs["sandbox-"+i],
 			"HANGAR_SANDBOX_ROOT="+filepath.Join(root, "sandboxes-"+i), "HANGAR_GATEWAY_ADDR="+addrs["gateway-"+i])
-		add("checkpoint-"+i, "checkpoint-svc", "HANGAR_CHECKPOINT_ADDR="+addrs["checkpoint-"+i], "HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i])
+		add("checkpoint-"+i, "checkpoint-svc", "HANGAR_CHECKPOINT_ADDR="+addrs["checkpoint-"+i], "HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i],
+			"HANGAR_SESSION_STORE="+store)
 	}
 	for _, i := range []string{"1", "2"} {
 		add("session-"+i, "session-svc", "HANGAR_SESSION_ADDR="+addrs["session-"+i], "HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i],
@@ -249,6 +257,7 @@ func (rs *replicaSet) dial(t *testing.T, i string) stack {
 		sessions:    sessionv1.NewSessionServiceClient(conn("session-" + i)),
 		sandboxes:   sandboxv1.NewSandboxServiceClient(conn("sandbox-" + i)),
 		checkpoints: checkpointv1.NewCheckpointServiceClient(conn("checkpoint-" + i)),
+		gateway:     gatewayv1.NewGatewayServiceClient(conn("gateway-" + i)),
 	}
 	rs.waitUp(t, s)
 	return s
@@ -324,6 +333,26 @@ func TestReplicas(t *testing.T) {
 	if got := b.waitTurn(t, "cross", 1); got.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 		t.Fatalf("cross turn 1: %v %s", got.GetOutcome(), got.GetOutcomeReason())
 	}
+	// Its run was taped by gateway 1 (session-svc 1's gateway); gateway
+	// 2 reads the same tape (fork at a step and replay read it through
+	// any replica).
+	run := b.get(t, "cross").GetTurns()[0].GetRunId()
+	tapeA, err := a.gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: run})
+	if err != nil {
+		t.Fatalf("tape of %s through gateway 1: %v", run, err)
+	}
+	tapeB, err := b.gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: run})
+	if err != nil {
+		t.Fatalf("tape of %s (taped by gateway 1) through gateway 2: %v", run, err)
+	}
+	if len(tapeA.GetSteps()) == 0 || len(tapeB.GetSteps()) != len(tapeA.GetSteps()) {
+		t.Fatalf("tape of %s: %d steps through gateway 1, %d through gateway 2", run, len(tapeA.GetSteps()), len(tapeB.GetSteps()))
+	}
+	for i := range tapeA.GetSteps() {
+		if !proto.Equal(tapeA.GetSteps()[i], tapeB.GetSteps()[i]) {
+			t.Fatalf("tape of %s: step %d differs between the gateways", run, i+1)
+		}
+	}
 	if _, err := b.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: "cross", Message: "Do the quick task."}); err != nil {
 		t.Fatalf("send through the other replica: %v", err)
 	}
@@ -346,6 +375,30 @@ func TestReplicas(t *testing.T) {
 	}
 	if out := b.mustExec(t, b.get(t, "cross").GetSandboxId(), "cat quick.txt"); out != "quick\nquick\n" {
 		t.Fatalf("quick.txt after suspend and open through the other replica = %q", out)
+	}
+
+	// An interrupt sent to the replica that does not run the turn: the
+	// replica running it stops it (interrupted, checkpointed), and the
+	// interrupt's message starts the next turn.
+	if _, err := a.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "interrupt", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Do the long task."}); err != nil {
+		t.Fatal(err)
+	}
+	waitProgress(t, a, "interrupt")
+	ir, err := b.sessions.InterruptTurn(ctx, &sessionv1.InterruptTurnRequest{Name: "interrupt", Message: "Do the quick task."})
+	if err != nil {
+		t.Fatalf("interrupt through the replica not running the turn: %v", err)
+	}
+	if got := a.waitTurn(t, "interrupt", 1); got.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_INTERRUPTED || got.GetCheckpointId() == "" {
+		t.Fatalf("interrupt turn 1 after an interrupt through replica 2: %v %q, checkpoint %q", got.GetOutcome(), got.GetOutcomeReason(), got.GetCheckpointId())
+	}
+	if n := ir.GetTurn().GetNumber(); n != 2 {
+		t.Fatalf("the interrupt's message started turn %d, want 2", n)
+	}
+	if got := a.waitTurn(t, "interrupt", 2); got.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+		t.Fatalf("interrupt turn 2: %v %s", got.GetOutcome(), got.GetOutcomeReason())
+	}
+	if out := a.mustExec(t, a.get(t, "interrupt").GetSandboxId(), "cat quick.txt; grep -c line progress.txt"); !strings.HasPrefix(out, "quick\n") || strings.HasSuffix(out, "\n100\n") {
+		t.Fatalf("after the interrupt: quick.txt and progress lines = %q (the long task must have been stopped before its 100 lines)", out)
 	}
 
 	tally := &faultTally{byOp: map[string]int{}}
