@@ -208,6 +208,16 @@ func TestGKEOverlay(t *testing.T) {
 	if r.get(t, "Secret", "hangar-secrets", &sec) {
 		t.Error("gke renders hangar-secrets: the Secret is created by the operator, not kept in git")
 	}
+	// Sandbox pods are placed on terraform's sandbox pool (its label and
+	// taint), as sandbox-svc reads the settings.
+	var cm corev1.ConfigMap
+	r.get(t, "ConfigMap", "hangar-config", &cm)
+	if got := cm.Data["HANGAR_KUBE_NODE_SELECTOR"]; got != "hangar.dev/pool=sandbox" {
+		t.Errorf("HANGAR_KUBE_NODE_SELECTOR = %q, want hangar.dev/pool=sandbox (the sandbox pool's label)", got)
+	}
+	if got := cm.Data["HANGAR_KUBE_TOLERATIONS"]; got != "hangar.dev/pool=sandbox:NoSchedule" {
+		t.Errorf("HANGAR_KUBE_TOLERATIONS = %q, want hangar.dev/pool=sandbox:NoSchedule (the sandbox pool's taint)", got)
+	}
 	var cp appsv1.Deployment
 	r.get(t, "Deployment", "checkpoint-svc", &cp)
 	if e, _ := env(cp.Spec.Template.Spec.Containers[0], "HANGAR_SESSION_STORE"); !strings.HasPrefix(e.Value, "gs://") {

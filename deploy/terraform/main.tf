@@ -88,6 +88,13 @@ resource "google_container_node_pool" "sandbox" {
     service_account = google_service_account.nodes.email
     oauth_scopes    = ["https://www.googleapis.com/auth/cloud-platform"]
     labels          = { "hangar.dev/pool" = "sandbox" }
+    # Only sandbox pods (HANGAR_KUBE_TOLERATIONS in deploy/overlays/gke)
+    # run here: an agent's pod never shares a node with the control plane.
+    taint {
+      key    = "hangar.dev/pool"
+      value  = "sandbox"
+      effect = "NO_SCHEDULE"
+    }
     gcfs_config {
       enabled = var.image_streaming
     }
