@@ -120,16 +120,37 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	default:
 		return nil, errors.New("store: database URL must start with postgres:// or postgresql:// (or be empty for SQLite)")
 	}
+	if err := s.createTables(ctx); err != nil {
+		_ = s.db.Close()
+		return nil, fmt.Errorf("store: create tables: %w", err)
+	}
+	return s, nil
+}
+
+// createTables creates the tables in one transaction. On PostgreSQL an
+// advisory lock keyed by the schema serialises replicas starting at once:
+// concurrent CREATE TABLE IF NOT EXISTS of one table can fail on
+// pg_type's unique index (seen with two replay-svc started together).
+func (s *Store) createTables(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if s.postgres {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext('hangar-replay-store:' || current_schema()))`); err != nil {
+			return err
+		}
+	}
 	for _, st := range strings.Split(schema, ";") {
 		if strings.TrimSpace(st) == "" {
 			continue
 		}
-		if _, err := s.db.ExecContext(ctx, st); err != nil {
-			_ = s.db.Close()
-			return nil, fmt.Errorf("store: create tables: %w", err)
+		if _, err := tx.ExecContext(ctx, st); err != nil {
+			return err
 		}
 	}
-	return s, nil
+	return tx.Commit()
 }
 
 // Close closes the database.

@@ -180,3 +180,25 @@ func TestStore(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenConcurrently: replicas starting at once on one new schema all
+// open it (CREATE TABLE IF NOT EXISTS of one table in two sessions at once
+// fails on pg_type's unique index without the store's advisory lock).
+func TestOpenConcurrently(t *testing.T) {
+	o := dialects(t)["postgres"](t)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			s, err := store.Open(context.Background(), o)
+			if err == nil {
+				_ = s.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Errorf("open: %v", err)
+		}
+	}
+}
