@@ -1,11 +1,13 @@
 package e2e_test
 
 // The multi-replica topology as processes on this machine: two each of
-// session-svc, sandbox-svc and gateway-svc, plus two checkpoint-svc, on one
+// session-svc, sandbox-svc, gateway-svc, checkpoint-svc and replay-svc, on one
 // PostgreSQL (a schema of the test's own on the machine's cluster) and one
 // redis-server the test starts, with the real Claude Code and a scripted
-// upstream. Sessions created through one replica are resumed, forked and
-// suspended through another; one replica is killed with SIGKILL mid-turn,
+// upstream. Sessions created through one replica are resumed, forked,
+// suspended and interrupted through another, a tape recorded through one
+// gateway is read through the other, and a fork at a step survives its
+// replay-svc killed mid-replay; one replica is killed with SIGKILL mid-turn,
 // mid-suspend and mid-fork, and every session must end where it can be
 // resumed from, its newest checkpoint intact (the fault suite's
 // checkAfterFault); the idle sweep of two replicas suspends an idle
@@ -29,6 +31,7 @@ import (
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	replayv1 "github.com/hangar-dev/hangar/api/hangar/replay/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/cli/client"
@@ -109,6 +112,8 @@ type replicaSet struct {
 	// checkpoint-svc replica 1 or 2 each.
 	a, b  stack
 	token string
+	// replays are the two replay-svc replicas, by "1" and "2".
+	replays map[string]replayv1.ReplayServiceClient
 }
 
 func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
@@ -128,7 +133,8 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 		"github.com/hangar-dev/hangar/sandbox-svc/cmd/sandbox-svc",
 		"github.com/hangar-dev/hangar/sandbox-svc/cmd/hangar-sandbox",
 		"github.com/hangar-dev/hangar/checkpoint-svc/cmd/checkpoint-svc",
-		"github.com/hangar-dev/hangar/gateway-svc/cmd/gateway-svc")
+		"github.com/hangar-dev/hangar/gateway-svc/cmd/gateway-svc",
+		"github.com/hangar-dev/hangar/replay-svc/cmd/replay-svc")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -156,7 +162,7 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 	_, _ = rand.Read(raw[:])
 	rs := &replicaSet{byName: map[string]*svcProcess{}, token: "replicas-" + hex.EncodeToString(raw[:])}
 	addrs := map[string]string{}
-	for _, n := range []string{"session-1", "session-2", "sandbox-1", "sandbox-2", "checkpoint-1", "checkpoint-2", "gateway-1", "gateway-2"} {
+	for _, n := range []string{"session-1", "session-2", "sandbox-1", "sandbox-2", "checkpoint-1", "checkpoint-2", "gateway-1", "gateway-2", "replay-1", "replay-2"} {
 		addrs[n] = freeAddr(t)
 	}
 	t.Logf("addresses: %v", addrs)
@@ -196,6 +202,10 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 		add("session-"+i, "session-svc", "HANGAR_SESSION_ADDR="+addrs["session-"+i], "HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i],
 			"HANGAR_CHECKPOINT_ADDR="+addrs["checkpoint-"+i], "HANGAR_GATEWAY_ADDR="+addrs["gateway-"+i])
 	}
+	for _, i := range []string{"1", "2"} {
+		add("replay-"+i, "replay-svc", "HANGAR_REPLAY_ADDR="+addrs["replay-"+i], "HANGAR_SESSION_ADDR="+addrs["session-"+i],
+			"HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i], "HANGAR_CHECKPOINT_ADDR="+addrs["checkpoint-"+i], "HANGAR_GATEWAY_ADDR="+addrs["gateway-"+i])
+	}
 	t.Cleanup(func() {
 		// Front to back, as a rolling update would.
 		for i := len(rs.procs) - 1; i >= 0; i-- {
@@ -224,7 +234,7 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 	// In dependency order, each tier listening before the next starts
 	// (a deployment's readiness): a client that dialed a service not yet
 	// up waits out its reconnect backoff.
-	for _, tier := range []string{"gateway-", "sandbox-", "checkpoint-", "session-"} {
+	for _, tier := range []string{"gateway-", "sandbox-", "checkpoint-", "session-", "replay-"} {
 		for _, p := range rs.procs {
 			if strings.HasPrefix(p.name, tier) {
 				p.start(t)
@@ -238,6 +248,15 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 	}
 	rs.a = rs.dial(t, "1")
 	rs.b = rs.dial(t, "2")
+	rs.replays = map[string]replayv1.ReplayServiceClient{}
+	for _, i := range []string{"1", "2"} {
+		c, err := client.Endpoint{URL: "http://" + rs.byName["replay-"+i].addr, Token: rs.token}.Dial()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		rs.replays[i] = replayv1.NewReplayServiceClient(c)
+	}
 	return rs
 }
 
@@ -353,6 +372,46 @@ func TestReplicas(t *testing.T) {
 			t.Fatalf("tape of %s: step %d differs between the gateways", run, i+1)
 		}
 	}
+	// Two replay-svc replicas: a fork at a step started through replay 1,
+	// which is killed with SIGKILL while the prefix replays; replay 2
+	// takes the fork over once its lease has expired and settles it.
+	fr, err := rs.replays["1"].ForkRun(ctx, &replayv1.ForkRunRequest{Run: run, AtSeq: int32(len(tapeA.GetSteps())), Continuations: proto.Int32(0)})
+	if err != nil {
+		t.Fatalf("fork at a step through replay 1: %v", err)
+	}
+	waitExists(t, b, fr.GetFork()+"-prefix")
+	rs.byName["replay-1"].stop(t, syscall.SIGKILL)
+	killed := time.Now()
+	atKill, err := rs.replays["2"].GetFork(ctx, &replayv1.GetForkRequest{Fork: fr.GetFork()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(4 * time.Minute); ; <-time.After(500 * time.Millisecond) {
+		f, err := rs.replays["2"].GetFork(ctx, &replayv1.GetForkRequest{Fork: fr.GetFork()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := f.GetFork().GetStatus(); st != replayv1.ForkStatus_FORK_STATUS_REPLAYING {
+			if st != replayv1.ForkStatus_FORK_STATUS_VERIFIED {
+				t.Fatalf("fork %s after replay 1 was killed: %v (%s) %v", fr.GetFork(), st, f.GetFork().GetStatusReason(), f.GetFork().GetDivergence())
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fork %s still replaying 4 minutes after replay 1 was killed", fr.GetFork())
+		}
+	}
+	if atKill.GetFork().GetStatus() == replayv1.ForkStatus_FORK_STATUS_REPLAYING {
+		if log, _ := os.ReadFile(rs.byName["replay-2"].log.Name()); !strings.Contains(string(log), "fork resumed") || !strings.Contains(string(log), fr.GetFork()) {
+			t.Errorf("fork %s settled, but replay 2's log does not say it took it over", fr.GetFork())
+		}
+		t.Logf("fork %s: replaying when replay 1 was killed, verified by replay 2 %v after the kill", fr.GetFork(), time.Since(killed).Round(100*time.Millisecond))
+	} else {
+		t.Logf("fork %s had settled (%v) before replay 1 was killed: the takeover was not exercised", fr.GetFork(), atKill.GetFork().GetStatus())
+	}
+	rs.byName["replay-1"].start(t)
+	rs.byName["replay-1"].waitListening(t)
+
 	if _, err := b.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: "cross", Message: "Do the quick task."}); err != nil {
 		t.Fatalf("send through the other replica: %v", err)
 	}
