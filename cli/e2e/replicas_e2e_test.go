@@ -379,7 +379,24 @@ func TestReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatalf("fork at a step through replay 1: %v", err)
 	}
-	waitExists(t, b, fr.GetFork()+"-prefix")
+	// Killed once the prefix's turn runs (session-svc 1 runs it on, the
+	// replay needs no replay-svc meanwhile): a kill while replay 1 is still
+	// in its CreateSession call cancels that call, and the prefix is then
+	// rebuilt through the other side, whose sandbox-svc has another
+	// HANGAR_SANDBOX_ROOT, so another work tree path (see ARCHITECTURE).
+	for deadline := time.Now().Add(2 * time.Minute); ; <-time.After(50 * time.Millisecond) {
+		p, err := b.sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: fr.GetFork() + "-prefix"})
+		if err == nil && p.GetSession().GetState() == sessionv1.SessionState_SESSION_STATE_RUNNING {
+			break
+		}
+		f, ferr := rs.replays["2"].GetFork(ctx, &replayv1.GetForkRequest{Fork: fr.GetFork()})
+		if ferr == nil && f.GetFork().GetStatus() != replayv1.ForkStatus_FORK_STATUS_REPLAYING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the prefix of fork %s never ran: %v %v", fr.GetFork(), err, ferr)
+		}
+	}
 	rs.byName["replay-1"].stop(t, syscall.SIGKILL)
 	killed := time.Now()
 	atKill, err := rs.replays["2"].GetFork(ctx, &replayv1.GetForkRequest{Fork: fr.GetFork()})
