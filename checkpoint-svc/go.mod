@@ -10,7 +10,6 @@ replace (
 require (
 	cloud.google.com/go/storage v1.70.0
 	github.com/fsouza/fake-gcs-server v1.56.1
-	github.com/googleapis/gax-go/v2 v2.27.0
 	github.com/hangar-dev/hangar/api v0.0.0-00010101000000-000000000000
 	github.com/hangar-dev/hangar/platform v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0
@@ -47,6 +46,7 @@ require (
 	github.com/google/s2a-go v0.1.11 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/googleapis/enterprise-certificate-proxy v0.3.25 // indirect
+	github.com/googleapis/gax-go/v2 v2.27.0 // indirect
 	github.com/gorilla/handlers v1.5.2 // indirect
 	github.com/gorilla/mux v1.8.1 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0 // indirect

@@ -16,16 +16,15 @@ import (
 	"strings"
 	"time"
 
-	"cloud.google.com/go/storage"
 	"google.golang.org/grpc"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	"github.com/hangar-dev/hangar/api/openapi"
 	"github.com/hangar-dev/hangar/api/sandboxexec"
-	"github.com/hangar-dev/hangar/checkpoint-svc/internal/gcsstore"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/server"
 	"github.com/hangar-dev/hangar/platform/blob"
+	"github.com/hangar-dev/hangar/platform/gcsstore"
 	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/platform/redisconn"
 	"github.com/hangar-dev/hangar/platform/rpc"
@@ -136,16 +135,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 func openStore(ctx context.Context, cfg Config) (blob.Store, func() error, error) {
 	noop := func() error { return nil }
 	if strings.HasPrefix(cfg.Store, "gs://") {
-		client, err := storage.NewClient(ctx)
+		store, closeStore, err := gcsstore.Open(ctx, cfg.Store)
 		if err != nil {
-			return nil, nil, fmt.Errorf("HANGAR_SESSION_STORE=%s: cannot create a GCS client: %w", cfg.Store, err)
-		}
-		store, err := gcsstore.New(client, cfg.Store)
-		if err != nil {
-			_ = client.Close()
 			return nil, nil, fmt.Errorf("HANGAR_SESSION_STORE=%s: %w", cfg.Store, err)
 		}
-		return store, client.Close, nil
+		return store, closeStore, nil
 	}
 	dir := cfg.Store
 	if dir == "" {

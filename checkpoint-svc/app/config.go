@@ -18,7 +18,7 @@ type Config struct {
 	Addr string `env:"HANGAR_CHECKPOINT_ADDR" flag:"addr" default:"127.0.0.1:7403" help:"host:port for gRPC and REST"`
 	// Store is where checkpoints live: empty for the data directory
 	// (HANGAR_HOME/checkpoints), an absolute path, or gs://bucket[/prefix].
-	Store string `env:"HANGAR_SESSION_STORE" flag:"store" help:"checkpoint store: a directory or gs://bucket[/prefix]; empty uses the data directory"`
+	Store string `env:"HANGAR_SESSION_STORE" flag:"store" help:"checkpoint store (the gateway keeps its tapes there too): a directory or gs://bucket[/prefix]; empty uses the data directory"`
 	// VaultKeyFile holds the vault key that wraps every checkpoint's data key.
 	VaultKeyFile string `env:"HANGAR_VAULT_KEY_FILE" flag:"vault-key-file" default:"~/.hangar/vault.key" path:"true" help:"file holding the vault key (created with mode 0600 by hangar up)"`
 

@@ -1,11 +1,13 @@
 package e2e_test
 
 // The multi-replica topology as processes on this machine: two each of
-// session-svc, sandbox-svc and gateway-svc, plus two checkpoint-svc, on one
+// session-svc, sandbox-svc, gateway-svc, checkpoint-svc and replay-svc, on one
 // PostgreSQL (a schema of the test's own on the machine's cluster) and one
 // redis-server the test starts, with the real Claude Code and a scripted
-// upstream. Sessions created through one replica are resumed, forked and
-// suspended through another; one replica is killed with SIGKILL mid-turn,
+// upstream. Sessions created through one replica are resumed, forked,
+// suspended and interrupted through another, a tape recorded through one
+// gateway is read through the other, and a fork at a step survives its
+// replay-svc killed mid-replay; one replica is killed with SIGKILL mid-turn,
 // mid-suspend and mid-fork, and every session must end where it can be
 // resumed from, its newest checkpoint intact (the fault suite's
 // checkAfterFault); the idle sweep of two replicas suspends an idle
@@ -28,6 +30,8 @@ import (
 	"time"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	replayv1 "github.com/hangar-dev/hangar/api/hangar/replay/v1"
 	sandboxv1 "github.com/hangar-dev/hangar/api/hangar/sandbox/v1"
 	sessionv1 "github.com/hangar-dev/hangar/api/hangar/session/v1"
 	"github.com/hangar-dev/hangar/cli/client"
@@ -35,6 +39,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // svcProcess is one service binary run as its own process, restartable
@@ -107,6 +112,8 @@ type replicaSet struct {
 	// checkpoint-svc replica 1 or 2 each.
 	a, b  stack
 	token string
+	// replays are the two replay-svc replicas, by "1" and "2".
+	replays map[string]replayv1.ReplayServiceClient
 }
 
 func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
@@ -126,7 +133,8 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 		"github.com/hangar-dev/hangar/sandbox-svc/cmd/sandbox-svc",
 		"github.com/hangar-dev/hangar/sandbox-svc/cmd/hangar-sandbox",
 		"github.com/hangar-dev/hangar/checkpoint-svc/cmd/checkpoint-svc",
-		"github.com/hangar-dev/hangar/gateway-svc/cmd/gateway-svc")
+		"github.com/hangar-dev/hangar/gateway-svc/cmd/gateway-svc",
+		"github.com/hangar-dev/hangar/replay-svc/cmd/replay-svc")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -154,7 +162,7 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 	_, _ = rand.Read(raw[:])
 	rs := &replicaSet{byName: map[string]*svcProcess{}, token: "replicas-" + hex.EncodeToString(raw[:])}
 	addrs := map[string]string{}
-	for _, n := range []string{"session-1", "session-2", "sandbox-1", "sandbox-2", "checkpoint-1", "checkpoint-2", "gateway-1", "gateway-2"} {
+	for _, n := range []string{"session-1", "session-2", "sandbox-1", "sandbox-2", "checkpoint-1", "checkpoint-2", "gateway-1", "gateway-2", "replay-1", "replay-2"} {
 		addrs[n] = freeAddr(t)
 	}
 	t.Logf("addresses: %v", addrs)
@@ -176,17 +184,27 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 		rs.procs = append(rs.procs, p)
 		rs.byName[name] = p
 	}
+	// One store for checkpoints and tapes (a bucket on GKE); each gateway
+	// has a data directory of its own, as a pod does, so a tape is read
+	// through the other replica only from the shared store.
+	store := filepath.Join(root, "store")
 	for _, i := range []string{"1", "2"} {
-		add("gateway-"+i, "gateway-svc", "HANGAR_GATEWAY_ADDR="+addrs["gateway-"+i])
+		add("gateway-"+i, "gateway-svc", "HANGAR_GATEWAY_ADDR="+addrs["gateway-"+i], "HANGAR_SESSION_STORE="+store,
+			"HANGAR_HOME="+filepath.Join(root, "gateway-home-"+i))
 	}
 	for _, i := range []string{"1", "2"} {
 		add("sandbox-"+i, "sandbox-svc", "HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i], "HANGAR_SANDBOX_PEER_ADDR="+addrs["sandbox-"+i],
 			"HANGAR_SANDBOX_ROOT="+filepath.Join(root, "sandboxes-"+i), "HANGAR_GATEWAY_ADDR="+addrs["gateway-"+i])
-		add("checkpoint-"+i, "checkpoint-svc", "HANGAR_CHECKPOINT_ADDR="+addrs["checkpoint-"+i], "HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i])
+		add("checkpoint-"+i, "checkpoint-svc", "HANGAR_CHECKPOINT_ADDR="+addrs["checkpoint-"+i], "HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i],
+			"HANGAR_SESSION_STORE="+store)
 	}
 	for _, i := range []string{"1", "2"} {
 		add("session-"+i, "session-svc", "HANGAR_SESSION_ADDR="+addrs["session-"+i], "HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i],
 			"HANGAR_CHECKPOINT_ADDR="+addrs["checkpoint-"+i], "HANGAR_GATEWAY_ADDR="+addrs["gateway-"+i])
+	}
+	for _, i := range []string{"1", "2"} {
+		add("replay-"+i, "replay-svc", "HANGAR_REPLAY_ADDR="+addrs["replay-"+i], "HANGAR_SESSION_ADDR="+addrs["session-"+i],
+			"HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i], "HANGAR_CHECKPOINT_ADDR="+addrs["checkpoint-"+i], "HANGAR_GATEWAY_ADDR="+addrs["gateway-"+i])
 	}
 	t.Cleanup(func() {
 		// Front to back, as a rolling update would.
@@ -216,7 +234,7 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 	// In dependency order, each tier listening before the next starts
 	// (a deployment's readiness): a client that dialed a service not yet
 	// up waits out its reconnect backoff.
-	for _, tier := range []string{"gateway-", "sandbox-", "checkpoint-", "session-"} {
+	for _, tier := range []string{"gateway-", "sandbox-", "checkpoint-", "session-", "replay-"} {
 		for _, p := range rs.procs {
 			if strings.HasPrefix(p.name, tier) {
 				p.start(t)
@@ -230,6 +248,15 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 	}
 	rs.a = rs.dial(t, "1")
 	rs.b = rs.dial(t, "2")
+	rs.replays = map[string]replayv1.ReplayServiceClient{}
+	for _, i := range []string{"1", "2"} {
+		c, err := client.Endpoint{URL: "http://" + rs.byName["replay-"+i].addr, Token: rs.token}.Dial()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		rs.replays[i] = replayv1.NewReplayServiceClient(c)
+	}
 	return rs
 }
 
@@ -249,6 +276,7 @@ func (rs *replicaSet) dial(t *testing.T, i string) stack {
 		sessions:    sessionv1.NewSessionServiceClient(conn("session-" + i)),
 		sandboxes:   sandboxv1.NewSandboxServiceClient(conn("sandbox-" + i)),
 		checkpoints: checkpointv1.NewCheckpointServiceClient(conn("checkpoint-" + i)),
+		gateway:     gatewayv1.NewGatewayServiceClient(conn("gateway-" + i)),
 	}
 	rs.waitUp(t, s)
 	return s
@@ -324,6 +352,83 @@ func TestReplicas(t *testing.T) {
 	if got := b.waitTurn(t, "cross", 1); got.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
 		t.Fatalf("cross turn 1: %v %s", got.GetOutcome(), got.GetOutcomeReason())
 	}
+	// Its run was taped by gateway 1 (session-svc 1's gateway); gateway
+	// 2 reads the same tape (fork at a step and replay read it through
+	// any replica).
+	run := b.get(t, "cross").GetTurns()[0].GetRunId()
+	tapeA, err := a.gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: run})
+	if err != nil {
+		t.Fatalf("tape of %s through gateway 1: %v", run, err)
+	}
+	tapeB, err := b.gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: run})
+	if err != nil {
+		t.Fatalf("tape of %s (taped by gateway 1) through gateway 2: %v", run, err)
+	}
+	if len(tapeA.GetSteps()) == 0 || len(tapeB.GetSteps()) != len(tapeA.GetSteps()) {
+		t.Fatalf("tape of %s: %d steps through gateway 1, %d through gateway 2", run, len(tapeA.GetSteps()), len(tapeB.GetSteps()))
+	}
+	for i := range tapeA.GetSteps() {
+		if !proto.Equal(tapeA.GetSteps()[i], tapeB.GetSteps()[i]) {
+			t.Fatalf("tape of %s: step %d differs between the gateways", run, i+1)
+		}
+	}
+	// Two replay-svc replicas: a fork at a step started through replay 1,
+	// which is killed with SIGKILL while the prefix replays; replay 2
+	// takes the fork over once its lease has expired and settles it.
+	fr, err := rs.replays["1"].ForkRun(ctx, &replayv1.ForkRunRequest{Run: run, AtSeq: int32(len(tapeA.GetSteps())), Continuations: proto.Int32(0)})
+	if err != nil {
+		t.Fatalf("fork at a step through replay 1: %v", err)
+	}
+	// Killed once the prefix's turn runs (session-svc 1 runs it on, the
+	// replay needs no replay-svc meanwhile): a kill while replay 1 is still
+	// in its CreateSession call cancels that call, and the prefix is then
+	// rebuilt through the other side, whose sandbox-svc has another
+	// HANGAR_SANDBOX_ROOT, so another work tree path (see ARCHITECTURE).
+	for deadline := time.Now().Add(2 * time.Minute); ; <-time.After(50 * time.Millisecond) {
+		p, err := b.sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: fr.GetFork() + "-prefix"})
+		if err == nil && p.GetSession().GetState() == sessionv1.SessionState_SESSION_STATE_RUNNING {
+			break
+		}
+		f, ferr := rs.replays["2"].GetFork(ctx, &replayv1.GetForkRequest{Fork: fr.GetFork()})
+		if ferr == nil && f.GetFork().GetStatus() != replayv1.ForkStatus_FORK_STATUS_REPLAYING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the prefix of fork %s never ran: %v %v", fr.GetFork(), err, ferr)
+		}
+	}
+	rs.byName["replay-1"].stop(t, syscall.SIGKILL)
+	killed := time.Now()
+	atKill, err := rs.replays["2"].GetFork(ctx, &replayv1.GetForkRequest{Fork: fr.GetFork()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(4 * time.Minute); ; <-time.After(500 * time.Millisecond) {
+		f, err := rs.replays["2"].GetFork(ctx, &replayv1.GetForkRequest{Fork: fr.GetFork()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := f.GetFork().GetStatus(); st != replayv1.ForkStatus_FORK_STATUS_REPLAYING {
+			if st != replayv1.ForkStatus_FORK_STATUS_VERIFIED {
+				t.Fatalf("fork %s after replay 1 was killed: %v (%s) %v", fr.GetFork(), st, f.GetFork().GetStatusReason(), f.GetFork().GetDivergence())
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fork %s still replaying 4 minutes after replay 1 was killed", fr.GetFork())
+		}
+	}
+	if atKill.GetFork().GetStatus() == replayv1.ForkStatus_FORK_STATUS_REPLAYING {
+		if log, _ := os.ReadFile(rs.byName["replay-2"].log.Name()); !strings.Contains(string(log), "fork resumed") || !strings.Contains(string(log), fr.GetFork()) {
+			t.Errorf("fork %s settled, but replay 2's log does not say it took it over", fr.GetFork())
+		}
+		t.Logf("fork %s: replaying when replay 1 was killed, verified by replay 2 %v after the kill", fr.GetFork(), time.Since(killed).Round(100*time.Millisecond))
+	} else {
+		t.Logf("fork %s had settled (%v) before replay 1 was killed: the takeover was not exercised", fr.GetFork(), atKill.GetFork().GetStatus())
+	}
+	rs.byName["replay-1"].start(t)
+	rs.byName["replay-1"].waitListening(t)
+
 	if _, err := b.sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: "cross", Message: "Do the quick task."}); err != nil {
 		t.Fatalf("send through the other replica: %v", err)
 	}
@@ -346,6 +451,30 @@ func TestReplicas(t *testing.T) {
 	}
 	if out := b.mustExec(t, b.get(t, "cross").GetSandboxId(), "cat quick.txt"); out != "quick\nquick\n" {
 		t.Fatalf("quick.txt after suspend and open through the other replica = %q", out)
+	}
+
+	// An interrupt sent to the replica that does not run the turn: the
+	// replica running it stops it (interrupted, checkpointed), and the
+	// interrupt's message starts the next turn.
+	if _, err := a.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "interrupt", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Do the long task."}); err != nil {
+		t.Fatal(err)
+	}
+	waitProgress(t, a, "interrupt")
+	ir, err := b.sessions.InterruptTurn(ctx, &sessionv1.InterruptTurnRequest{Name: "interrupt", Message: "Do the quick task."})
+	if err != nil {
+		t.Fatalf("interrupt through the replica not running the turn: %v", err)
+	}
+	if got := a.waitTurn(t, "interrupt", 1); got.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_INTERRUPTED || got.GetCheckpointId() == "" {
+		t.Fatalf("interrupt turn 1 after an interrupt through replica 2: %v %q, checkpoint %q", got.GetOutcome(), got.GetOutcomeReason(), got.GetCheckpointId())
+	}
+	if n := ir.GetTurn().GetNumber(); n != 2 {
+		t.Fatalf("the interrupt's message started turn %d, want 2", n)
+	}
+	if got := a.waitTurn(t, "interrupt", 2); got.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED {
+		t.Fatalf("interrupt turn 2: %v %s", got.GetOutcome(), got.GetOutcomeReason())
+	}
+	if out := a.mustExec(t, a.get(t, "interrupt").GetSandboxId(), "cat quick.txt; grep -c line progress.txt"); !strings.HasPrefix(out, "quick\n") || strings.HasSuffix(out, "\n100\n") {
+		t.Fatalf("after the interrupt: quick.txt and progress lines = %q (the long task must have been stopped before its 100 lines)", out)
 	}
 
 	tally := &faultTally{byOp: map[string]int{}}

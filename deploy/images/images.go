@@ -117,8 +117,9 @@ var CACerts = "/etc/ssl/certs/ca-certificates.crt"
 // ServiceImage is a service's image: a base layer (a passwd and group
 // naming the non-root user, the CA bundle, /tmp and the user's home) and a
 // layer with the binary at /usr/local/bin/<name> (and extras, name to host
-// path, beside it). The entrypoint is the binary; the user is 65532.
-func ServiceImage(name, binary string, extras map[string]string) (v1.Image, error) {
+// path, beside it), after any more layers given (GitLayer). The entrypoint
+// is the binary; the user is 65532.
+func ServiceImage(name, binary string, extras map[string]string, more ...v1.Layer) (v1.Image, error) {
 	ca, err := os.ReadFile(CACerts)
 	if err != nil {
 		return nil, fmt.Errorf("CA bundle for the images: %w", err)
@@ -148,7 +149,7 @@ func ServiceImage(name, binary string, extras map[string]string) (v1.Image, erro
 	if err != nil {
 		return nil, err
 	}
-	img, err := mutate.AppendLayers(empty.Image, base, binLayer)
+	img, err := mutate.AppendLayers(empty.Image, append(append([]v1.Layer{base}, more...), binLayer)...)
 	if err != nil {
 		return nil, err
 	}

@@ -150,6 +150,16 @@ func TestBuiltImages(t *testing.T) {
 			t.Error("checkpoint-svc's image has no hangar-install-key (its init container installs the vault key with it)")
 		}
 	})
+	for s := range GitServices {
+		t.Run(s+" has git", func(t *testing.T) {
+			hdrs, _ := tree(t, filepath.Join(out, s+".tar"))
+			for _, p := range []string{"/usr/bin/git", "/usr/lib/git-core/git-remote-https", "/bin/sh"} {
+				if hdrs[p] == nil {
+					t.Errorf("%s's image has no %s (it runs git itself)", s, p)
+				}
+			}
+		})
+	}
 	sb := filepath.Join(out, "sandbox.tar")
 	if _, err := os.Stat(sb); err != nil {
 		t.Log("no sandbox.tar (deploy/images/build --sandbox builds it)")

@@ -208,6 +208,16 @@ func TestGKEOverlay(t *testing.T) {
 	if r.get(t, "Secret", "hangar-secrets", &sec) {
 		t.Error("gke renders hangar-secrets: the Secret is created by the operator, not kept in git")
 	}
+	// Sandbox pods are placed on terraform's sandbox pool (its label and
+	// taint), as sandbox-svc reads the settings.
+	var cm corev1.ConfigMap
+	r.get(t, "ConfigMap", "hangar-config", &cm)
+	if got := cm.Data["HANGAR_KUBE_NODE_SELECTOR"]; got != "hangar.dev/pool=sandbox" {
+		t.Errorf("HANGAR_KUBE_NODE_SELECTOR = %q, want hangar.dev/pool=sandbox (the sandbox pool's label)", got)
+	}
+	if got := cm.Data["HANGAR_KUBE_TOLERATIONS"]; got != "hangar.dev/pool=sandbox:NoSchedule" {
+		t.Errorf("HANGAR_KUBE_TOLERATIONS = %q, want hangar.dev/pool=sandbox:NoSchedule (the sandbox pool's taint)", got)
+	}
 	var cp appsv1.Deployment
 	r.get(t, "Deployment", "checkpoint-svc", &cp)
 	if e, _ := env(cp.Spec.Template.Spec.Containers[0], "HANGAR_SESSION_STORE"); !strings.HasPrefix(e.Value, "gs://") {
@@ -217,6 +227,20 @@ func TestGKEOverlay(t *testing.T) {
 	if !r.get(t, "ServiceAccount", cp.Spec.Template.Spec.ServiceAccountName, &sa) ||
 		!strings.HasSuffix(sa.Annotations["iam.gke.io/gcp-service-account"], ".iam.gserviceaccount.com") {
 		t.Errorf("checkpoint-svc's ServiceAccount %q has no workload identity annotation: %v", cp.Spec.Template.Spec.ServiceAccountName, sa.Annotations)
+	}
+	// The gateway's tapes live in the checkpoint store, reached as the
+	// same Google service account.
+	var gw appsv1.Deployment
+	r.get(t, "Deployment", "gateway-svc", &gw)
+	cpStore, _ := env(cp.Spec.Template.Spec.Containers[0], "HANGAR_SESSION_STORE")
+	if e, _ := env(gw.Spec.Template.Spec.Containers[0], "HANGAR_SESSION_STORE"); e.Value != cpStore.Value {
+		t.Errorf("gateway-svc HANGAR_SESSION_STORE = %q, want checkpoint-svc's %q (the tapes are shared through it)", e.Value, cpStore.Value)
+	}
+	var gwsa corev1.ServiceAccount
+	if !r.get(t, "ServiceAccount", gw.Spec.Template.Spec.ServiceAccountName, &gwsa) ||
+		gwsa.Annotations["iam.gke.io/gcp-service-account"] != sa.Annotations["iam.gke.io/gcp-service-account"] {
+		t.Errorf("gateway-svc's ServiceAccount %q acts as %q, want checkpoint-svc's %q", gw.Spec.Template.Spec.ServiceAccountName,
+			gwsa.Annotations["iam.gke.io/gcp-service-account"], sa.Annotations["iam.gke.io/gcp-service-account"])
 	}
 	var d appsv1.Deployment
 	r.get(t, "Deployment", "session-svc", &d)

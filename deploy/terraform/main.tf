@@ -88,6 +88,13 @@ resource "google_container_node_pool" "sandbox" {
     service_account = google_service_account.nodes.email
     oauth_scopes    = ["https://www.googleapis.com/auth/cloud-platform"]
     labels          = { "hangar.dev/pool" = "sandbox" }
+    # Only sandbox pods (HANGAR_KUBE_TOLERATIONS in deploy/overlays/gke)
+    # run here: an agent's pod never shares a node with the control plane.
+    taint {
+      key    = "hangar.dev/pool"
+      value  = "sandbox"
+      effect = "NO_SCHEDULE"
+    }
     gcfs_config {
       enabled = var.image_streaming
     }
@@ -141,6 +148,15 @@ resource "google_service_account_iam_member" "checkpoint_workload_identity" {
   service_account_id = google_service_account.checkpoint.name
   role               = "roles/iam.workloadIdentityUser"
   member             = "serviceAccount:${var.project_id}.svc.id.goog[${var.namespace}/hangar-checkpoint-svc]"
+}
+
+# gateway-svc keeps the model tapes and its run journal in the same bucket
+# (keys tapes/ and runs/), so every gateway replica reads every tape: its
+# Kubernetes ServiceAccount acts as the same Google service account.
+resource "google_service_account_iam_member" "gateway_workload_identity" {
+  service_account_id = google_service_account.checkpoint.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = "serviceAccount:${var.project_id}.svc.id.goog[${var.namespace}/hangar-gateway-svc]"
 }
 
 # Images (deploy/images/build writes them; crane push them here). Image

@@ -197,6 +197,11 @@ func TestWiring(t *testing.T) {
 	if !strings.Contains(value(t, nc, "labels").GoString(), "sandbox") {
 		t.Error("sandbox nodes are not labelled hangar.dev/pool=sandbox")
 	}
+	// The taint deploy/overlays/gke's HANGAR_KUBE_TOLERATIONS tolerates.
+	if taint := child(nc, "taint"); taint == nil || value(t, taint, "key").AsString() != "hangar.dev/pool" ||
+		value(t, taint, "value").AsString() != "sandbox" || value(t, taint, "effect").AsString() != "NO_SCHEDULE" {
+		t.Error("the sandbox pool has no taint hangar.dev/pool=sandbox:NO_SCHEDULE (only sandbox pods tolerate it)")
+	}
 	control := m.find("resource", "google_container_node_pool", "control")
 	if control == nil || !strings.Contains(value(t, child(control, "node_config"), "labels").GoString(), "control") {
 		t.Error("no control pool labelled hangar.dev/pool=control (deploy/overlays/gke selects it)")
@@ -216,6 +221,10 @@ func TestWiring(t *testing.T) {
 	wi := m.find("resource", "google_service_account_iam_member", "checkpoint_workload_identity")
 	if wi == nil || value(t, wi, "role").AsString() != "roles/iam.workloadIdentityUser" {
 		t.Error("checkpoint-svc's Kubernetes ServiceAccount cannot act as its Google service account")
+	}
+	gw := m.find("resource", "google_service_account_iam_member", "gateway_workload_identity")
+	if gw == nil || value(t, gw, "role").AsString() != "roles/iam.workloadIdentityUser" {
+		t.Error("gateway-svc's Kubernetes ServiceAccount cannot act as the store's Google service account (the tapes are in the bucket)")
 	}
 	for _, o := range []string{"checkpoint_service_account", "image_repository"} {
 		if m.find("output", o) == nil {

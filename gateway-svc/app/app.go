@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -23,6 +24,7 @@ import (
 	"github.com/hangar-dev/hangar/gateway-svc/internal/server"
 	"github.com/hangar-dev/hangar/gateway-svc/internal/trees"
 	"github.com/hangar-dev/hangar/platform/blob"
+	"github.com/hangar-dev/hangar/platform/gcsstore"
 	"github.com/hangar-dev/hangar/platform/logging"
 	"github.com/hangar-dev/hangar/platform/redisconn"
 	"github.com/hangar-dev/hangar/platform/rpc"
@@ -50,14 +52,19 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := redis.Agree(ctx, []redisconn.Setting{{Name: "HANGAR_TOKEN", Value: cfg.Token}}); err != nil {
+	agree := []redisconn.Setting{{Name: "HANGAR_TOKEN", Value: cfg.Token}}
+	if cfg.Store != "" {
+		// The same value checkpoint-svc agrees on: one store for all.
+		agree = append(agree, redisconn.Setting{Name: "HANGAR_SESSION_STORE", Value: cfg.Store})
+	}
+	if err := redis.Agree(ctx, agree); err != nil {
 		_ = redis.Close()
 		return nil, err
 	}
-	tapes, err := blob.NewDir(filepath.Join(cfg.Home, "tapes"))
+	tapes, closeStore, err := openStore(ctx, cfg)
 	if err != nil {
 		_ = redis.Close()
-		return nil, fmt.Errorf("HANGAR_HOME=%s: cannot use the tape directory: %w", cfg.Home, err)
+		return nil, err
 	}
 	publicURL := cfg.PublicURL
 	if publicURL == "" {
@@ -70,6 +77,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		// keeps a session open.
 		sandboxConn, err = rpc.Dial(cfg.SandboxAddr, rpc.ClientOptions{Token: cfg.Token}, sandboxexec.ServiceCallDialOptions()...)
 		if err != nil {
+			_ = closeStore()
 			_ = redis.Close()
 			return nil, fmt.Errorf("HANGAR_SANDBOX_ADDR=%s: %w", cfg.SandboxAddr, err)
 		}
@@ -79,6 +87,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		if sandboxConn != nil {
 			_ = sandboxConn.Close()
 		}
+		_ = closeStore()
 	}
 	gw, err := server.New(ctx, server.Deps{
 		Redis:     redis.Client,
@@ -125,6 +134,28 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*App, error) {
 		return nil, err
 	}
 	return &App{svc: svc, gateway: gw, redis: redis, closeSandbox: closeSandbox}, nil
+}
+
+// openStore opens the store of tapes and run records: HANGAR_SESSION_STORE
+// (a directory or gs://bucket[/prefix], shared by every replica), or the
+// data directory's tapes/ when it is unset.
+func openStore(ctx context.Context, cfg Config) (blob.Store, func() error, error) {
+	if strings.HasPrefix(cfg.Store, "gs://") {
+		store, closeStore, err := gcsstore.Open(ctx, cfg.Store)
+		if err != nil {
+			return nil, nil, fmt.Errorf("HANGAR_SESSION_STORE=%s: %w", cfg.Store, err)
+		}
+		return store, closeStore, nil
+	}
+	dir, name := cfg.Store, "HANGAR_SESSION_STORE"
+	if dir == "" {
+		dir, name = filepath.Join(cfg.Home, "tapes"), "HANGAR_HOME"
+	}
+	store, err := blob.NewDir(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: cannot use the tape directory %s: %w", name, dir, err)
+	}
+	return store, func() error { return nil }, nil
 }
 
 // Handler serves gRPC, REST and the data plane in-process (for a front door).

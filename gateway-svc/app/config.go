@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"net/url"
+	"path/filepath"
+	"strings"
 
 	"github.com/hangar-dev/hangar/platform/config"
 )
@@ -31,6 +33,13 @@ type Config struct {
 	// SandboxAddr is sandbox-svc, where the work tree hash of each step is
 	// taken (empty: no tree hashes on the tapes).
 	SandboxAddr string `env:"HANGAR_SANDBOX_ADDR" flag:"sandbox-addr" default:"127.0.0.1:7402" help:"sandbox-svc gRPC address (work tree hashes for the tapes)"`
+
+	// Store is where model tapes and the run journal live: empty for the
+	// data directory (HANGAR_HOME/tapes, one process's own), an absolute
+	// directory, or gs://bucket[/prefix]: the checkpoint store, so
+	// replicas read each other's tapes (keys tapes/ and runs/, beside
+	// checkpoint-svc's checkpoints/ and objects/).
+	Store string `env:"HANGAR_SESSION_STORE" flag:"store" help:"store of model tapes and run records: a directory or gs://bucket[/prefix] (the checkpoint store); empty uses the data directory"`
 
 	TapeDays            int    `env:"HANGAR_MODEL_TAPE_DAYS" flag:"model-tape-days" default:"30" min:"1" unit:"days" help:"days a run's model tape is kept"`
 	Cache               string `env:"HANGAR_CACHE" flag:"cache" default:"auto" oneof:"auto|5m|1h|off" help:"prompt-cache TTL when neither the session nor its environment sets one"`
@@ -63,6 +72,16 @@ func (c Config) Validate() error {
 		if err != nil || (parsed.Scheme != "http" && parsed.Scheme != "https") || parsed.Host == "" {
 			return fmt.Errorf("%s=%q: want an http:// or https:// URL", u.name, u.value)
 		}
+	}
+	switch {
+	case c.Store == "", filepath.IsAbs(c.Store):
+	case strings.HasPrefix(c.Store, "gs://"):
+		bucket, _, _ := strings.Cut(strings.TrimPrefix(c.Store, "gs://"), "/")
+		if bucket == "" {
+			return fmt.Errorf("HANGAR_SESSION_STORE=%q: want gs://bucket[/prefix] with a bucket name", c.Store)
+		}
+	default:
+		return fmt.Errorf("HANGAR_SESSION_STORE=%q: want an absolute directory or gs://bucket[/prefix]", c.Store)
 	}
 	return nil
 }

@@ -75,9 +75,13 @@ func newDriver(ctx context.Context, cfg Config, logger *slog.Logger) (driver.Dri
 		if err != nil {
 			return nil, fmt.Errorf("HANGAR_SANDBOX_DRIVER=kubernetes: HANGAR_KUBE_CONFIG=%q: %w", cfg.KubeConfig, err)
 		}
+		// Validate has checked both.
+		selector, _ := kubernetes.ParseNodeSelector(cfg.KubeNodeSelector)
+		tolerations, _ := kubernetes.ParseTolerations(cfg.KubeTolerations)
 		return kubernetes.New(ctx, kubernetes.Options{
 			Config: rc, Namespace: cfg.KubeNamespace, Image: cfg.KubeImage, ToolImage: cfg.KubeToolImage,
-			ToolPath: cfg.KubeToolPath, NodeName: cfg.KubeNode, Gateway: cfg.GatewayAddr, Logger: logger, Now: time.Now,
+			ToolPath: cfg.KubeToolPath, NodeName: cfg.KubeNode, NodeSelector: selector, Tolerations: tolerations,
+			Gateway: cfg.GatewayAddr, Logger: logger, Now: time.Now,
 		})
 	default:
 		return nil, fmt.Errorf("HANGAR_SANDBOX_DRIVER=%q: no such sandbox driver (local or kubernetes)", cfg.Driver)

@@ -38,3 +38,21 @@ func TestNewDriverRefusesUnknown(t *testing.T) {
 		t.Errorf("built tool: %v, %v", st, err)
 	}
 }
+
+// A bad placement item is refused at start naming the variable and the item.
+func TestKubePlacementSettings(t *testing.T) {
+	c := Config{Driver: "kubernetes", KubeToolImage: "img", KubeNodeSelector: []string{"hangar.dev/pool=sandbox"}, KubeTolerations: []string{"hangar.dev/pool=sandbox:NoSchedule"}}
+	c.Token = "t"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("good placement refused: %v", err)
+	}
+	c.KubeNodeSelector = []string{"hangar.dev/pool"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `HANGAR_KUBE_NODE_SELECTOR: "hangar.dev/pool": want label=value`) {
+		t.Errorf("bad node selector: %v", err)
+	}
+	c.KubeNodeSelector = nil
+	c.KubeTolerations = []string{"k=v:Sometimes"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `HANGAR_KUBE_TOLERATIONS: "k=v:Sometimes": effect "Sometimes"`) {
+		t.Errorf("bad toleration: %v", err)
+	}
+}

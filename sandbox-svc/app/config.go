@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/hangar-dev/hangar/platform/config"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/kubernetes"
 )
 
 // Config is sandbox-svc's configuration: flags and HANGAR_* variables,
@@ -30,6 +31,10 @@ type Config struct {
 	KubeToolImage string `env:"HANGAR_KUBE_TOOL_IMAGE" flag:"kube-tool-image" help:"hangar's image: an init container copies hangar-sandbox from it into every pod"`
 	KubeToolPath  string `env:"HANGAR_KUBE_TOOL_PATH" flag:"kube-tool-path" default:"/usr/local/bin/hangar-sandbox" help:"path of hangar-sandbox in the tool image"`
 	KubeNode      string `env:"HANGAR_KUBE_NODE" flag:"kube-node" help:"node to place pods on directly (a cluster without a scheduler); empty: the scheduler picks"`
+	// KubeNodeSelector and KubeTolerations place the sandbox pods on a
+	// node pool of their own (kubernetes.ParseNodeSelector, ParseTolerations).
+	KubeNodeSelector []string `env:"HANGAR_KUBE_NODE_SELECTOR" flag:"kube-node-selector" help:"comma-separated label=value a node must carry for sandbox pods (e.g. hangar.dev/pool=sandbox); empty: any node"`
+	KubeTolerations  []string `env:"HANGAR_KUBE_TOLERATIONS" flag:"kube-tolerations" help:"comma-separated node taints sandbox pods tolerate, as kubectl taint writes them: key=value:effect, key:effect or key"`
 	// GatewayAddr is the model gateway's address, the one path out of a
 	// sandbox with egress none.
 	GatewayAddr string `env:"HANGAR_GATEWAY_ADDR" flag:"gateway-addr" default:"127.0.0.1:7404" help:"gateway-svc address reachable from sandboxes"`
@@ -86,6 +91,12 @@ func (c Config) Validate() error {
 	}
 	if c.Driver == "kubernetes" && c.KubeToolImage == "" {
 		return fmt.Errorf("HANGAR_KUBE_TOOL_IMAGE is required with HANGAR_SANDBOX_DRIVER=kubernetes: set it to hangar's image (the source of hangar-sandbox)")
+	}
+	if _, err := kubernetes.ParseNodeSelector(c.KubeNodeSelector); err != nil {
+		return fmt.Errorf("HANGAR_KUBE_NODE_SELECTOR: %w", err)
+	}
+	if _, err := kubernetes.ParseTolerations(c.KubeTolerations); err != nil {
+		return fmt.Errorf("HANGAR_KUBE_TOLERATIONS: %w", err)
 	}
 	return nil
 }

@@ -21,8 +21,8 @@ import (
 	"github.com/hangar-dev/hangar/api/sandboxexec"
 	"github.com/hangar-dev/hangar/api/sandboxtool/tooltest"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/checkpoint"
-	"github.com/hangar-dev/hangar/checkpoint-svc/internal/gcsstore"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/hostexec"
+	"github.com/hangar-dev/hangar/platform/gcsstore"
 )
 
 func TestRetentionArchiveIncremental(t *testing.T) {

@@ -79,12 +79,28 @@ func run(ctx context.Context, args []string) error {
 		if s == "checkpoint-svc" {
 			extras["hangar-install-key"] = filepath.Join(bins, "hangar-install-key")
 		}
-		key, err := inputsKey(append([]string{bin}, values(extras)...)...)
+		inputs := append([]string{bin}, values(extras)...)
+		if images.GitServices[s] {
+			// The host's git and its libraries (GitFiles).
+			_, gitSources, err := images.GitFiles()
+			if err != nil {
+				return err
+			}
+			inputs = append(inputs, gitSources...)
+		}
+		key, err := inputsKey(inputs...)
 		if err != nil {
 			return err
 		}
 		err = build(filepath.Join(*out, s+".tar"), "hangar/"+s+":"+*tag, key, func() (v1.Image, error) {
-			return images.ServiceImage(s, bin, extras)
+			if !images.GitServices[s] {
+				return images.ServiceImage(s, bin, extras)
+			}
+			git, err := images.GitLayer()
+			if err != nil {
+				return nil, err
+			}
+			return images.ServiceImage(s, bin, extras, git)
 		}, []string{images.BinDir + "/" + s}, fmt.Sprintf("%d:%d", images.NonRoot, images.NonRoot))
 		if err != nil {
 			return err

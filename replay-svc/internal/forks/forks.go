@@ -65,6 +65,10 @@ type Store interface {
 	ListForks(ctx context.Context, run string, statuses []replayv1.ForkStatus, offset, limit int) ([]*replayv1.Fork, error)
 	ListTrials(ctx context.Context, fork, forkOf string) ([]*replayv1.Trial, error)
 	GetTrial(ctx context.Context, id string) (*replayv1.Trial, error)
+	// TakeLease takes or renews holder's lease id until now+ttl; false
+	// while another holder's lease has not expired.
+	TakeLease(ctx context.Context, id, holder string, now time.Time, ttl time.Duration) (bool, error)
+	ReleaseLease(ctx context.Context, id, holder string) error
 }
 
 // Gateway is the part of gateway-svc a fork uses.
@@ -126,6 +130,18 @@ type Options struct {
 	// reason that passes (default 1s).
 	Retry time.Duration
 	Now   func() time.Time
+	// Holder names this process in its leases (default: random). Every
+	// replica on one database drives a fork or follows a trial only under
+	// its lease, so one replica does it.
+	Holder string
+	// LeaseTTL is how long a lease outlives its holder's last renewal
+	// (renewed every third of it): a replica killed outright leaves its
+	// forks to the others this long after (default 30s).
+	LeaseTTL time.Duration
+	// Rescan is how often the forks still replaying and the trials still
+	// live are looked for, to take over those whose lease has expired
+	// (default LeaseTTL/2).
+	Rescan time.Duration
 }
 
 // Manager forks runs.
@@ -137,6 +153,8 @@ type Manager struct {
 
 	mu      sync.Mutex
 	settled map[string]chan struct{}
+	// driving are the leases this process holds (fork:<id>, trial:<id>).
+	driving map[string]bool
 }
 
 // New returns a Manager; Run carries the forks out.
@@ -156,7 +174,18 @@ func New(o Options) *Manager {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Manager{o: o, queue: make(chan string, 256), trialQueue: make(chan string, 256), settled: map[string]chan struct{}{}}
+	if o.Holder == "" {
+		b := make([]byte, 6)
+		_, _ = rand.Read(b)
+		o.Holder = hex.EncodeToString(b)
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = 30 * time.Second
+	}
+	if o.Rescan <= 0 {
+		o.Rescan = o.LeaseTTL / 2
+	}
+	return &Manager{o: o, queue: make(chan string, 256), trialQueue: make(chan string, 256), settled: map[string]chan struct{}{}, driving: map[string]bool{}}
 }
 
 // Fork is a validated ForkRun request.
@@ -282,15 +311,32 @@ func (m *Manager) Start(ctx context.Context, in Fork) (*replayv1.Fork, error) {
 	}
 	m.queue <- f.Fork
 	if in.Wait > 0 {
-		t := time.NewTimer(in.Wait)
-		select {
-		case <-settled:
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
+		m.waitSettled(ctx, f.Fork, settled, in.Wait)
 	}
 	return m.o.Store.GetFork(ctx, f.Fork)
+}
+
+// waitSettled waits up to d for fork to leave replaying: told by this
+// process, or read from the store (another replica may drive it).
+func (m *Manager) waitSettled(ctx context.Context, fork string, settled <-chan struct{}, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	poll := time.NewTicker(time.Second)
+	defer poll.Stop()
+	for {
+		select {
+		case <-settled:
+			return
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		case <-poll.C:
+			if f, err := m.o.Store.GetFork(ctx, fork); err == nil && f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_REPLAYING {
+				return
+			}
+		}
+	}
 }
 
 func newForkID() string {
@@ -320,17 +366,45 @@ func (m *Manager) settle(fork string) {
 	}
 }
 
-// Run carries out queued forks until ctx ends: first those a restart left
-// replaying and the trials it left live, then each new one.
+// Run carries out queued forks until ctx ends: first those a restart (or
+// another replica that stopped) left replaying and the trials it left
+// live, then each new one; every Rescan it looks again for those whose
+// lease has expired. Each is driven under its lease (lead), so of the
+// replicas on one database one drives it.
 func (m *Manager) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	m.resume(ctx, &wg)
+	rescan := time.NewTicker(m.o.Rescan)
+	defer rescan.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-rescan.C:
+			m.resume(ctx, &wg)
+		case id := <-m.queue:
+			wg.Go(func() { m.lead(ctx, "fork:"+id, func(ctx context.Context) { m.replay(ctx, id) }) })
+		case id := <-m.trialQueue:
+			wg.Go(func() { m.lead(ctx, "trial:"+id, func(ctx context.Context) { m.follow(ctx, id) }) })
+		}
+	}
+}
+
+// resume takes up the forks still replaying and the trials still live
+// that no live process drives (no lease, or an expired one).
+func (m *Manager) resume(ctx context.Context, wg *sync.WaitGroup) {
 	if pending, err := m.o.Store.ListForks(ctx, "", []replayv1.ForkStatus{replayv1.ForkStatus_FORK_STATUS_REPLAYING}, 0, 0); err != nil {
 		m.o.Logger.ErrorContext(ctx, "replaying forks not resumed", "error", err)
 	} else {
 		for _, f := range pending {
-			m.o.Logger.InfoContext(ctx, "fork resumed after a restart", "fork", f.GetFork())
-			wg.Go(func() { m.replay(ctx, f.GetFork()) })
+			id := f.GetFork()
+			wg.Go(func() {
+				m.lead(ctx, "fork:"+id, func(ctx context.Context) {
+					m.o.Logger.InfoContext(ctx, "fork resumed: it was replaying with no replica driving it", "fork", id)
+					m.replay(ctx, id)
+				})
+			})
 		}
 	}
 	if trials, err := m.o.Store.ListTrials(ctx, "", ""); err != nil {
@@ -338,19 +412,76 @@ func (m *Manager) Run(ctx context.Context) error {
 	} else {
 		for _, t := range trials {
 			if t.GetStatus() == replayv1.TrialStatus_TRIAL_STATUS_LIVE {
-				wg.Go(func() { m.follow(ctx, t.GetId()) })
+				id := t.GetId()
+				wg.Go(func() { m.lead(ctx, "trial:"+id, func(ctx context.Context) { m.follow(ctx, id) }) })
 			}
 		}
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case id := <-m.queue:
-			wg.Go(func() { m.replay(ctx, id) })
-		case id := <-m.trialQueue:
-			wg.Go(func() { m.follow(ctx, id) })
+}
+
+// errLeaseLost ends work whose lease another replica took (this one could
+// not renew it in time).
+var errLeaseLost = errors.New("lease lost to another replica")
+
+// lead runs work under the lease key, renewed every LeaseTTL/3 while it
+// runs and released after; it does nothing when this process already
+// drives key or another replica holds its lease. work's context ends when
+// the lease could not be renewed within LeaseTTL (another replica may have
+// it by then): work left part-done is carried on by the holder, every
+// step being idempotent.
+func (m *Manager) lead(ctx context.Context, key string, work func(context.Context)) {
+	m.mu.Lock()
+	if m.driving[key] {
+		m.mu.Unlock()
+		return
+	}
+	m.driving[key] = true
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.driving, key)
+		m.mu.Unlock()
+	}()
+	ok, err := m.o.Store.TakeLease(ctx, key, m.o.Holder, m.o.Now(), m.o.LeaseTTL)
+	if err != nil {
+		m.o.Logger.WarnContext(ctx, "lease not taken", "lease", key, "error", err)
+		return
+	}
+	if !ok {
+		return
+	}
+	workCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		t := time.NewTicker(m.o.LeaseTTL / 3)
+		defer t.Stop()
+		last := m.o.Now()
+		for {
+			select {
+			case <-workCtx.Done():
+				return
+			case <-t.C:
+			}
+			ok, err := m.o.Store.TakeLease(workCtx, key, m.o.Holder, m.o.Now(), m.o.LeaseTTL)
+			switch {
+			case err == nil && ok:
+				last = m.o.Now()
+			case err == nil || m.o.Now().Sub(last) >= m.o.LeaseTTL:
+				if workCtx.Err() == nil {
+					m.o.Logger.WarnContext(ctx, "lease lost: another replica carries on", "lease", key, "error", err)
+				}
+				cancel(errLeaseLost)
+				return
+			}
 		}
+	}()
+	work(workCtx)
+	cancel(nil)
+	<-renewed
+	if err := m.o.Store.ReleaseLease(context.WithoutCancel(ctx), key, m.o.Holder); err != nil {
+		m.o.Logger.WarnContext(ctx, "lease not released", "lease", key, "error", err)
 	}
 }
 
@@ -819,6 +950,10 @@ func (m *Manager) follow(ctx context.Context, id string) {
 	t, err := m.o.Store.GetTrial(ctx, id)
 	if err != nil {
 		m.o.Logger.ErrorContext(ctx, "trial not read", "trial", id, "error", err)
+		return
+	}
+	if t.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_LIVE {
+		// Ended meanwhile (by the replica that held its lease before).
 		return
 	}
 	// The trial's own turn is its session's newest (a fork lists the

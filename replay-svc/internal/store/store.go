@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -68,6 +69,11 @@ CREATE TABLE IF NOT EXISTS replay_trials (
 );
 CREATE INDEX IF NOT EXISTS replay_trials_fork ON replay_trials (fork, n);
 CREATE INDEX IF NOT EXISTS replay_trials_fork_of ON replay_trials (fork_of);
+CREATE TABLE IF NOT EXISTS replay_leases (
+  id TEXT PRIMARY KEY,
+  holder TEXT NOT NULL,
+  expires_at BIGINT NOT NULL
+);
 `
 
 // Open opens (creating if needed) the database and its tables.
@@ -114,16 +120,37 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	default:
 		return nil, errors.New("store: database URL must start with postgres:// or postgresql:// (or be empty for SQLite)")
 	}
+	if err := s.createTables(ctx); err != nil {
+		_ = s.db.Close()
+		return nil, fmt.Errorf("store: create tables: %w", err)
+	}
+	return s, nil
+}
+
+// createTables creates the tables in one transaction. On PostgreSQL an
+// advisory lock keyed by the schema serialises replicas starting at once:
+// concurrent CREATE TABLE IF NOT EXISTS of one table can fail on
+// pg_type's unique index (seen with two replay-svc started together).
+func (s *Store) createTables(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if s.postgres {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext('hangar-replay-store:' || current_schema()))`); err != nil {
+			return err
+		}
+	}
 	for _, st := range strings.Split(schema, ";") {
 		if strings.TrimSpace(st) == "" {
 			continue
 		}
-		if _, err := s.db.ExecContext(ctx, st); err != nil {
-			_ = s.db.Close()
-			return nil, fmt.Errorf("store: create tables: %w", err)
+		if _, err := tx.ExecContext(ctx, st); err != nil {
+			return err
 		}
 	}
-	return s, nil
+	return tx.Commit()
 }
 
 // Close closes the database.
@@ -352,4 +379,31 @@ func (s *Store) GetTrial(ctx context.Context, id string) (*replayv1.Trial, error
 		return nil, fmt.Errorf("store: decode trial %s: %w", id, err)
 	}
 	return t, nil
+}
+
+// TakeLease takes or renews the lease id (a fork or a trial being driven)
+// for holder until now+ttl. ok is false while another holder's lease on it
+// has not expired: that replica drives it. One statement, so two replicas
+// racing for an expired lease never both get it.
+func (s *Store) TakeLease(ctx context.Context, id, holder string, now time.Time, ttl time.Duration) (ok bool, err error) {
+	res, err := s.db.ExecContext(ctx, s.q(`INSERT INTO replay_leases (id, holder, expires_at) VALUES (?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+WHERE replay_leases.holder = excluded.holder OR replay_leases.expires_at < ?`),
+		id, holder, now.Add(ttl).UnixMilli(), now.UnixMilli())
+	if err != nil {
+		return false, fmt.Errorf("store: lease %s: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("store: lease %s: %w", id, err)
+	}
+	return n == 1, nil
+}
+
+// ReleaseLease gives holder's lease id back (no-op when another holds it).
+func (s *Store) ReleaseLease(ctx context.Context, id, holder string) error {
+	if _, err := s.db.ExecContext(ctx, s.q(`DELETE FROM replay_leases WHERE id = ? AND holder = ?`), id, holder); err != nil {
+		return fmt.Errorf("store: release lease %s: %w", id, err)
+	}
+	return nil
 }

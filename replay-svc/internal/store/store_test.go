@@ -150,11 +150,55 @@ func TestStore(t *testing.T) {
 				t.Errorf("trials of run: %d", len(ts))
 			}
 
+			// Leases: one holder at a time; renewed by its holder; taken
+			// by another once expired; released by its holder only.
+			lease := func(holder string, at time.Time) bool {
+				ok, err := s.TakeLease(ctx, "fork:job-aaaaaaaa", holder, at, 30*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ok
+			}
+			if !lease("r1", t0) || lease("r2", t0.Add(time.Second)) || !lease("r1", t0.Add(20*time.Second)) {
+				t.Errorf("a lease held and renewed by r1 must refuse r2")
+			}
+			if lease("r2", t0.Add(49*time.Second)) || !lease("r2", t0.Add(51*time.Second)) || lease("r1", t0.Add(52*time.Second)) {
+				t.Errorf("an expired lease goes to the first who asks, and only to them")
+			}
+			if err := s.ReleaseLease(ctx, "fork:job-aaaaaaaa", "r1"); err != nil || lease("r1", t0.Add(53*time.Second)) {
+				t.Errorf("a release by another than the holder must do nothing: %v", err)
+			}
+			if err := s.ReleaseLease(ctx, "fork:job-aaaaaaaa", "r2"); err != nil || !lease("r1", t0.Add(54*time.Second)) {
+				t.Errorf("a released lease is free at once: %v", err)
+			}
+
 			// Reopened: everything is still there.
 			s2 := open(t, o)
 			if got, _ := s2.GetFork(ctx, a.Fork); !proto.Equal(got, a) {
 				t.Errorf("after reopen: %v", got)
 			}
 		})
+	}
+}
+
+// TestOpenConcurrently: replicas starting at once on one new schema all
+// open it (CREATE TABLE IF NOT EXISTS of one table in two sessions at once
+// fails on pg_type's unique index without the store's advisory lock).
+func TestOpenConcurrently(t *testing.T) {
+	o := dialects(t)["postgres"](t)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			s, err := store.Open(context.Background(), o)
+			if err == nil {
+				_ = s.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Errorf("open: %v", err)
+		}
 	}
 }

@@ -35,6 +35,8 @@ func (m *Manager) Run(ctx context.Context, tick <-chan time.Time) error {
 	}
 	stopBeat := m.runReplica(ctx)
 	defer stopBeat()
+	stopInterrupts := m.runInterrupts(ctx)
+	defer stopInterrupts()
 	m.recoverAtStart(ctx)
 	// The hold table as found at start is this process's baseline: only
 	// a loss after it starts a grace (holdsInDoubt).

@@ -309,17 +309,26 @@ func (m *Manager) createFork(ctx context.Context, parent *store.Session, cp *che
 		// No turn to hand off in yet: the fork starts its own conversation.
 		s.Harness, s.ConversationID = in.Harness, ""
 	}
-	if err := m.d.Store.CreateSession(ctx, s); err != nil {
-		if errors.Is(err, store.ErrExists) {
-			return nil, fault.AlreadyExists("SESSION_EXISTS", "session %q already exists: pick other fork names with --name", name)
-		}
-		return nil, fmt.Errorf("create fork %s: %w", name, err)
-	}
+	// The fork's checkpoint first, then its record: a process killed in
+	// between leaves a checkpoint no session names (harmless), never a
+	// fork with no checkpoint to boot from (TestReplicas' kill mid-fork
+	// found that order).
 	forked, err := m.d.Checkpoints.ForkCheckpoint(ctx, &checkpointv1.ForkCheckpointRequest{
 		CheckpointId: cp.GetId(), NewSession: name, Branch: branch,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fork checkpoint %s for %s: %w", cp.GetId(), name, err)
+	}
+	if err := m.d.Store.CreateSession(ctx, s); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			// Taken since the names were checked: the checkpoint just
+			// made is not that session's.
+			if _, derr := m.d.Checkpoints.DeleteCheckpoint(context.WithoutCancel(ctx), &checkpointv1.DeleteCheckpointRequest{CheckpointId: forked.GetCheckpoint().GetId()}); derr != nil {
+				m.log.WarnContext(ctx, "checkpoint of a fork whose name was taken not deleted", "session", name, "checkpoint", forked.GetCheckpoint().GetId(), "error", derr)
+			}
+			return nil, fault.AlreadyExists("SESSION_EXISTS", "session %q already exists: pick other fork names with --name", name)
+		}
+		return nil, fmt.Errorf("create fork %s: %w", name, err)
 	}
 	m.noteCheckpoint(ctx, name, forked.GetCheckpoint())
 	if err := m.d.Store.CopyHistory(ctx, parent.Name, name); err != nil {

@@ -260,8 +260,22 @@ func (m *Manager) Interrupt(ctx context.Context, name, message string) (*store.S
 	at := m.turns[name]
 	m.mu.Unlock()
 	if at == nil {
-		if _, err := m.get(ctx, name); err != nil {
+		s, err := m.get(ctx, name)
+		if err != nil {
 			return nil, nil, err
+		}
+		if m.d.Replicas != nil && (s.State == store.StateRunning || s.State == store.StateResuming) {
+			// A turn another replica runs: that replica stops it.
+			if t, err := m.turn(ctx, name, 0); err == nil && t.EndedAt == nil {
+				if err := m.interruptElsewhere(ctx, name, t.Number); err != nil {
+					return nil, nil, fmt.Errorf("interrupt %s: %w", name, err)
+				}
+				if message == "" {
+					s, err := m.get(ctx, name)
+					return s, nil, err
+				}
+				return m.Send(ctx, name, TurnInput{Message: message})
+			}
 		}
 		if message == "" {
 			return nil, nil, fault.FailedPrecondition("NO_TURN_RUNNING", "session %q has no running turn to interrupt", name)

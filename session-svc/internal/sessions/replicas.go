@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -225,4 +227,99 @@ func (m *Manager) peerPoll() <-chan time.Time {
 		return nil
 	}
 	return time.After(peerPollEvery)
+}
+
+// interruptChannel is the Redis channel interrupts for turns another
+// replica runs travel on, as "<session> <turn>".
+func (r *Replicas) interruptChannel() string { return r.prefix + "interrupt" }
+
+// PublishInterrupt asks the replica running the session's turn to
+// interrupt it; it says how many replicas heard (0 when none listens).
+func (r *Replicas) PublishInterrupt(ctx context.Context, session string, turn int) (int64, error) {
+	n, err := r.rdb.Publish(ctx, r.interruptChannel(), fmt.Sprintf("%s %d", session, turn)).Result()
+	if err != nil {
+		return 0, fmt.Errorf("publish interrupt of %s turn %d: %w", session, turn, err)
+	}
+	return n, nil
+}
+
+// parseInterrupt reads a message of interruptChannel.
+func parseInterrupt(payload string) (session string, turn int, ok bool) {
+	name, number, found := strings.Cut(payload, " ")
+	if !found {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(number)
+	if err != nil || n <= 0 || !nameRE.MatchString(name) {
+		return "", 0, false
+	}
+	return name, n, true
+}
+
+// runInterrupts listens for interrupts other replicas were asked for and
+// interrupts the turns named that run here, until ctx ends. Subscribed
+// when it returns; go-redis subscribes again after a lost connection (a
+// message lost meanwhile is sent again: interruptElsewhere repeats it
+// until the turn has ended).
+func (m *Manager) runInterrupts(ctx context.Context) (stop func()) {
+	if m.d.Replicas == nil {
+		return func() {}
+	}
+	ps := m.d.Replicas.rdb.Subscribe(ctx, m.d.Replicas.interruptChannel())
+	if _, err := ps.Receive(ctx); err != nil {
+		m.log.WarnContext(ctx, "interrupt channel not subscribed yet", "error", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer logging.Recover(ctx, m.log, "interrupt listener")
+		for msg := range ps.Channel() {
+			name, number, ok := parseInterrupt(msg.Payload)
+			if !ok {
+				m.log.WarnContext(ctx, "malformed interrupt message ignored", "payload", msg.Payload)
+				continue
+			}
+			m.mu.Lock()
+			at := m.turns[name]
+			m.mu.Unlock()
+			if at != nil && at.number == number {
+				m.log.InfoContext(ctx, "turn interrupted through another replica", "session", name, "turn", number)
+				at.cancel(errInterrupted)
+			}
+		}
+	}()
+	return func() { _ = ps.Close(); <-done }
+}
+
+// interruptElsewhere interrupts turn number of a session this replica does
+// not run: the replica running it hears it on the interrupt channel (sent
+// again at every poll until the turn has ended, so a message lost to a
+// reconnect or sent before that replica registered the turn is not the
+// end of it); a turn whose owner has died is recovered here (ended
+// interrupted with a checkpoint). It returns once the turn has ended.
+func (m *Manager) interruptElsewhere(ctx context.Context, name string, number int) error {
+	wake, stop := m.events.subscribe(name)
+	defer stop()
+	for {
+		t, err := m.turn(ctx, name, number)
+		if err != nil {
+			return err
+		}
+		if t.EndedAt != nil {
+			return nil
+		}
+		if dead, _ := m.ownerDead(ctx, name); dead {
+			if _, err := m.recoverOnce(ctx, name); err != nil {
+				m.log.WarnContext(ctx, "turn of a stopped replica not recovered for an interrupt", "session", name, "turn", number, "error", err)
+			}
+		} else if _, err := m.d.Replicas.PublishInterrupt(ctx, name, number); err != nil {
+			return err
+		}
+		select {
+		case <-wake:
+		case <-m.peerPoll():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

@@ -91,6 +91,11 @@ type Options struct {
 	// NodeName, when set, places pods on that node directly (a cluster
 	// without a scheduler, as in the tests); the scheduler picks otherwise.
 	NodeName string
+	// NodeSelector and Tolerations place the sandbox pods: the labels
+	// their nodes must carry and the taints they tolerate (a sandbox node
+	// pool kept apart from the control plane's).
+	NodeSelector map[string]string
+	Tolerations  []corev1.Toleration
 	// Gateway is the model gateway's host:port: a pod with egress none may
 	// reach only it (a NetworkPolicy), and HANGAR_GATEWAY_ADDR names it.
 	Gateway string

@@ -243,6 +243,8 @@ func (d *Driver) podFor(sb *Sandbox) *corev1.Pod {
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			NodeName:                      d.opts.NodeName,
+			NodeSelector:                  d.opts.NodeSelector,
+			Tolerations:                   d.opts.Tolerations,
 			TerminationGracePeriodSeconds: &grace,
 			AutomountServiceAccountToken:  &no,
 			EnableServiceLinks:            &no,

@@ -15,8 +15,8 @@ import (
 	"github.com/fsouza/fake-gcs-server/fakestorage"
 	"google.golang.org/api/option"
 
-	"github.com/hangar-dev/hangar/checkpoint-svc/internal/gcsstore"
 	"github.com/hangar-dev/hangar/platform/blob"
+	"github.com/hangar-dev/hangar/platform/gcsstore"
 )
 
 // flaky fails the next n requests whose method is method with 503.
