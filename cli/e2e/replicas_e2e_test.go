@@ -189,8 +189,10 @@ func startReplicas(t *testing.T, model string, vars ...string) *replicaSet {
 	// through the other replica only from the shared store.
 	store := filepath.Join(root, "store")
 	for _, i := range []string{"1", "2"} {
+		// The gateway hashes each step's work tree through sandbox-svc (any
+		// replica serves any sandbox).
 		add("gateway-"+i, "gateway-svc", "HANGAR_GATEWAY_ADDR="+addrs["gateway-"+i], "HANGAR_SESSION_STORE="+store,
-			"HANGAR_HOME="+filepath.Join(root, "gateway-home-"+i))
+			"HANGAR_HOME="+filepath.Join(root, "gateway-home-"+i), "HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i])
 	}
 	for _, i := range []string{"1", "2"} {
 		add("sandbox-"+i, "sandbox-svc", "HANGAR_SANDBOX_ADDR="+addrs["sandbox-"+i], "HANGAR_SANDBOX_PEER_ADDR="+addrs["sandbox-"+i],
