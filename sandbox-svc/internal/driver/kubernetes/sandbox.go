@@ -617,7 +617,11 @@ func (sb *Sandbox) claim(ctx context.Context, workKey string) error {
 	// update since the pod was read: read it again and claim it while it
 	// is still warm.
 	for attempt := 0; ; attempt++ {
-		if pod.Labels[LabelState] != StateWarm || pod.DeletionTimestamp != nil {
+		// A pod this replica holds already (made for a lease, not warm)
+		// moves to another work key by the same label update.
+		moving := pod.Labels[LabelState] == StateClaimed && pod.Labels[LabelOwner] == sb.d.opts.Replica &&
+			pod.Annotations[AnnotationWorkKey] != workKey
+		if (pod.Labels[LabelState] != StateWarm && !moving) || pod.DeletionTimestamp != nil {
 			if pod.Labels[LabelOwner] != sb.d.opts.Replica || pod.DeletionTimestamp != nil {
 				sb.loseClaim()
 			}
