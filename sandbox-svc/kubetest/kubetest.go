@@ -134,7 +134,7 @@ func Start(ctx context.Context, assets, dir string) (*Cluster, error) {
 		"--service-cluster-ip-range", "10.0.0.0/24", "--disable-admission-plugins", "ServiceAccount",
 		"--enable-priority-and-fairness=false",
 		// A real node registers its name (not resolvable here) and
-		// 127.0.0.1: exec and logs reach its kubelet at the address.
+		// this machine's address: exec and logs reach its kubelet there.
 		"--kubelet-preferred-address-types=InternalIP", "--v=0"); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package kubetest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -23,6 +24,10 @@ const (
 	ImageArchiveEnv = "HANGAR_KUBE_IMAGE_ARCHIVE"
 	ImageEnv        = "HANGAR_KUBE_IMAGE"
 )
+
+// PodSubnet is the real node's pod network (the bridge CNI plugin's); the
+// node reaches this machine at its first address, 10.244.0.1.
+const PodSubnet = "10.244.0.0/24"
 
 // NodeSkip says why a real node (kubelet, containerd, runc, CNI) cannot
 // start here, or "" when it can be tried.
@@ -66,6 +71,9 @@ state = %q
   address = %q
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
+  # Without CAP_SYS_RESOURCE (a container or VM sandbox) runc cannot lower
+  # oom_score_adj; the kubelet asks -998 for every pod sandbox.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = %q
@@ -98,13 +106,17 @@ state = %q
 	if out, err := imp.CombinedOutput(); err != nil {
 		return fmt.Errorf("ctr images import: %w: %s", err, out)
 	}
+	ip, err := hostIP()
+	if err != nil {
+		return err
+	}
 	port, err := freePort()
 	if err != nil {
 		return err
 	}
 	kubelet := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: %s
 port: %d
 readOnlyPort: 0
 healthzPort: 0
@@ -125,12 +137,13 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.availab
 serializeImagePulls: false
 registerNode: true
 resolvConf: ""
-`, port, sock)
+oomScoreAdj: 0
+`, ip, port, sock)
 	if err := os.WriteFile(filepath.Join(dir, "kubelet.yaml"), []byte(kubelet), 0o644); err != nil {
 		return err
 	}
 	if err := c.run(filepath.Join(assets, "kubelet"), "kubelet-"+name, "--kubeconfig", c.Kubeconfig, "--config", filepath.Join(dir, "kubelet.yaml"),
-		"--root-dir", filepath.Join(dir, "kubelet"), "--hostname-override", name, "--node-ip", "127.0.0.1", "--v", "1"); err != nil {
+		"--root-dir", filepath.Join(dir, "kubelet"), "--hostname-override", name, "--node-ip", ip, "--v", "1"); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
@@ -150,6 +163,25 @@ resolvConf: ""
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// hostIP is this machine's first global IPv4 address outside the pods'
+// bridge: the kubelet refuses a loopback node IP (the node then has no
+// address, and the API server cannot reach it for exec).
+func hostIP() (string, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", fmt.Errorf("host address: %w", err)
+	}
+	_, pods, _ := net.ParseCIDR(PodSubnet)
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok || n.IP.To4() == nil || !n.IP.IsGlobalUnicast() || pods.Contains(n.IP) {
+			continue
+		}
+		return n.IP.String(), nil
+	}
+	return "", errors.New("no global IPv4 address on this machine for the kubelet's node IP")
 }
 
 // Log returns a started process's log (for test failures).

@@ -84,9 +84,9 @@ func BenchmarkKwokClaimWarmOtherReplica(b *testing.B) {
 	}
 }
 
-// BenchmarkRealNode: a cold create (pod, init container, clone) and an
-// exec round trip through the API server on the real node, beside the
-// local driver's exec round trip in the same run.
+// BenchmarkRealNode: a cold create (pod, init container, clone), a warm
+// acquire from the pod pool and an exec round trip through the API server
+// on the real node, beside the local driver's figures in the same run.
 func BenchmarkRealNode(b *testing.B) {
 	c := needNode(b)
 	ns := c.Namespace(b, fmt.Sprintf("bench-node-%d", nsSeq.Add(1)))
@@ -101,6 +101,29 @@ func BenchmarkRealNode(b *testing.B) {
 			b.StopTimer()
 			_ = sb.Destroy(context.Background())
 			b.StartTimer()
+		}
+	})
+	// A warm acquire: a pool's ready pod (made untimed) claimed and moved
+	// to the session's work key, as the pool hands one out (Relocate).
+	b.Run("WarmAcquire", func(b *testing.B) {
+		b.StopTimer()
+		warm := make([]driver.Sandbox, b.N)
+		for i := range b.N {
+			sb, err := d.Create(context.Background(), driver.Spec{ID: fmt.Sprintf("sb-warm%d", i), Environment: "bench", Pool: "bench-1", Repository: repo})
+			if err != nil {
+				b.Fatal(err)
+			}
+			warm[i] = sb
+		}
+		b.StartTimer()
+		for i, sb := range warm {
+			if err := sb.Relocate(context.Background(), fmt.Sprintf("session-%d", i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StopTimer()
+		for _, sb := range warm {
+			_ = sb.Destroy(context.Background())
 		}
 	})
 	sb, err := d.Create(context.Background(), driver.Spec{ID: "sb-exec", Environment: "bench", Repository: repo})

@@ -72,7 +72,7 @@ func (sb *Sandbox) fileOp(ctx context.Context, script, p string, stdin []byte, a
 	}
 	argv := append([]string{"sh", "-c", script, "hangar-file", sb.dir(), abs}, args...)
 	var in *bytes.Reader
-	req := driver.ExecRequest{Argv: argv, Dir: "/"}
+	req := driver.ExecRequest{Argv: argv}
 	if stdin != nil {
 		in = bytes.NewReader(stdin)
 		req.Stdin = in
@@ -80,7 +80,7 @@ func (sb *Sandbox) fileOp(ctx context.Context, script, p string, stdin []byte, a
 	var out bytes.Buffer
 	var errOut limitedBuffer
 	req.Stdout, req.Stderr = &out, &errOut
-	proc, err := sb.Exec(ctx, req)
+	proc, err := sb.start(ctx, req, "/")
 	if err != nil {
 		return "", "", err
 	}

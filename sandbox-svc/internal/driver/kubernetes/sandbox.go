@@ -191,6 +191,12 @@ func (sb *Sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Pro
 	if err != nil {
 		return nil, err
 	}
+	return sb.start(ctx, req, dir)
+}
+
+// start runs req in dir, an absolute path in the pod the caller checked
+// (the driver's own steps run in "/", outside the sandbox directory).
+func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, dir string) (driver.Process, error) {
 	if err := sb.begin(); err != nil {
 		return nil, err
 	}
@@ -306,7 +312,15 @@ func (p *process) Wait() (driver.ExitStatus, error) {
 // of each stream is kept).
 func (sb *Sandbox) run1(ctx context.Context, argv []string, stdin io.Reader, dir string) (string, string, int, error) {
 	var out, errOut limitedBuffer
-	p, err := sb.Exec(ctx, driver.ExecRequest{Argv: argv, Stdin: stdin, Stdout: &out, Stderr: &errOut, Dir: dir})
+	req := driver.ExecRequest{Argv: argv, Stdin: stdin, Stdout: &out, Stderr: &errOut}
+	if dir == "" {
+		d, err := sb.resolve("")
+		if err != nil {
+			return "", "", 0, err
+		}
+		dir = d
+	}
+	p, err := sb.start(ctx, req, dir)
 	if err != nil {
 		return "", "", 0, err
 	}
@@ -603,7 +617,11 @@ func (sb *Sandbox) claim(ctx context.Context, workKey string) error {
 	// update since the pod was read: read it again and claim it while it
 	// is still warm.
 	for attempt := 0; ; attempt++ {
-		if pod.Labels[LabelState] != StateWarm || pod.DeletionTimestamp != nil {
+		// A pod this replica holds already (made for a lease, not warm)
+		// moves to another work key by the same label update.
+		moving := pod.Labels[LabelState] == StateClaimed && pod.Labels[LabelOwner] == sb.d.opts.Replica &&
+			pod.Annotations[AnnotationWorkKey] != workKey
+		if (pod.Labels[LabelState] != StateWarm && !moving) || pod.DeletionTimestamp != nil {
 			if pod.Labels[LabelOwner] != sb.d.opts.Replica || pod.DeletionTimestamp != nil {
 				sb.loseClaim()
 			}

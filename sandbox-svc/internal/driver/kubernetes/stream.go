@@ -35,6 +35,12 @@ type streamOptions struct {
 // returns when the command has exited and its output is delivered; writes
 // to stdout/stderr block the stream (backpressure reaches the pod).
 func (d *Driver) stream(ctx context.Context, pod string, argv []string, o streamOptions) error {
+	if o.stdin == nil && o.stdout == nil && o.stderr == nil && !o.tty {
+		// The API server refuses an exec with no stream at all ("you must
+		// specify at least 1 of stdin, stdout, stderr"): the driver's
+		// signal and kill execs take their stderr.
+		o.stderr = &limitedBuffer{}
+	}
 	req := d.client.CoreV1().RESTClient().Post().Resource("pods").Namespace(d.opts.Namespace).Name(pod).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
 			Container: container, Command: argv,
