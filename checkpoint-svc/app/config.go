@@ -3,10 +3,9 @@ package app
 import (
 	"flag"
 	"fmt"
-	"path/filepath"
-	"strings"
 
 	"github.com/hangar-dev/hangar/platform/config"
+	"github.com/hangar-dev/hangar/platform/gcsstore"
 )
 
 // Config is checkpoint-svc's configuration: flags and HANGAR_* variables,
@@ -43,15 +42,5 @@ func (c Config) Validate() error {
 	if c.Token == "" {
 		return fmt.Errorf("HANGAR_TOKEN is required: set it to the API bearer token")
 	}
-	switch {
-	case c.Store == "", filepath.IsAbs(c.Store):
-	case strings.HasPrefix(c.Store, "gs://"):
-		bucket, _, _ := strings.Cut(strings.TrimPrefix(c.Store, "gs://"), "/")
-		if bucket == "" {
-			return fmt.Errorf("HANGAR_SESSION_STORE=%q: want gs://bucket[/prefix] with a bucket name", c.Store)
-		}
-	default:
-		return fmt.Errorf("HANGAR_SESSION_STORE=%q: want an absolute directory or gs://bucket[/prefix]", c.Store)
-	}
-	return nil
+	return gcsstore.CheckStoreSetting(c.Store)
 }

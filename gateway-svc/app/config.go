@@ -4,10 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"net/url"
-	"path/filepath"
-	"strings"
 
 	"github.com/hangar-dev/hangar/platform/config"
+	"github.com/hangar-dev/hangar/platform/gcsstore"
 )
 
 // Config is gateway-svc's configuration: flags and HANGAR_* variables,
@@ -73,15 +72,5 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%s=%q: want an http:// or https:// URL", u.name, u.value)
 		}
 	}
-	switch {
-	case c.Store == "", filepath.IsAbs(c.Store):
-	case strings.HasPrefix(c.Store, "gs://"):
-		bucket, _, _ := strings.Cut(strings.TrimPrefix(c.Store, "gs://"), "/")
-		if bucket == "" {
-			return fmt.Errorf("HANGAR_SESSION_STORE=%q: want gs://bucket[/prefix] with a bucket name", c.Store)
-		}
-	default:
-		return fmt.Errorf("HANGAR_SESSION_STORE=%q: want an absolute directory or gs://bucket[/prefix]", c.Store)
-	}
-	return nil
+	return gcsstore.CheckStoreSetting(c.Store)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -126,4 +127,20 @@ func (s *Store) List(ctx context.Context, prefix string) ([]blob.Info, error) {
 		}
 		out = append(out, blob.Info{Key: strings.TrimPrefix(a.Name, s.prefix), Size: a.Size, Modified: a.Updated})
 	}
+}
+
+// CheckStoreSetting checks HANGAR_SESSION_STORE's value, shared by the
+// services that keep data there: empty, an absolute directory or
+// gs://bucket[/prefix].
+func CheckStoreSetting(value string) error {
+	switch {
+	case value == "", filepath.IsAbs(value):
+		return nil
+	case strings.HasPrefix(value, "gs://"):
+		if _, _, err := ParseURL(value); err != nil {
+			return fmt.Errorf("HANGAR_SESSION_STORE=%q: want gs://bucket[/prefix] with a bucket name", value)
+		}
+		return nil
+	}
+	return fmt.Errorf("HANGAR_SESSION_STORE=%q: want an absolute directory or gs://bucket[/prefix]", value)
 }
