@@ -258,21 +258,30 @@ func (c *Cluster) StartKwok(ctx context.Context, assets, node string, extraStage
 		"--node-lease-duration-seconds=40", "--server-address=127.0.0.1:0"); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	if !c.awaitNodeReady(ctx, node, 2*time.Minute, 100*time.Millisecond) {
+		return fmt.Errorf("kwok node %s not ready (logs in %s)", node, c.dir)
+	}
+	return nil
+}
+
+// awaitNodeReady polls node every interval until it is Ready (true) or
+// timeout has passed (false).
+func (c *Cluster) awaitNodeReady(ctx context.Context, node string, timeout, interval time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
 		n, err := c.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err == nil {
 			for _, cond := range n.Status.Conditions {
 				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-					return nil
+					return true
 				}
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("kwok node %s not ready (logs in %s)", node, c.dir)
-		case <-time.After(100 * time.Millisecond):
+			return false
+		case <-time.After(interval):
 		}
 	}
 }

@@ -13,9 +13,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Environment variables .ci/build-kube-image prints: the sandbox image as
@@ -146,23 +143,10 @@ oomScoreAdj: 0
 		"--root-dir", filepath.Join(dir, "kubelet"), "--hostname-override", name, "--node-ip", ip, "--v", "1"); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-	for {
-		n, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err == nil {
-			for _, cond := range n.Status.Conditions {
-				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-					return nil
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("kubelet node %s not ready (log %s)", name, filepath.Join(c.dir, "kubelet-"+name+".log"))
-		case <-time.After(200 * time.Millisecond):
-		}
+	if !c.awaitNodeReady(ctx, name, 3*time.Minute, 200*time.Millisecond) {
+		return fmt.Errorf("kubelet node %s not ready (log %s)", name, filepath.Join(c.dir, "kubelet-"+name+".log"))
 	}
+	return nil
 }
 
 // hostIP is this machine's first global IPv4 address outside the pods'
