@@ -364,8 +364,12 @@ type forwarder struct {
 	conns []net.Conn
 }
 
-func forward(t *testing.T, addr string) *forwarder {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+func forward(t *testing.T, addr string) *forwarder { return forwardOn(t, "127.0.0.1:0", addr) }
+
+// forwardOn is forward listening on listen.
+func forwardOn(t *testing.T, listen, addr string) *forwarder {
+	t.Helper()
+	l, err := net.Listen("tcp", listen)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,10 +2,15 @@ package kubernetes
 
 import (
 	"context"
+	"errors"
+	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/rest"
 
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/drivertest"
@@ -65,4 +70,132 @@ func TestConformanceOnRealNode(t *testing.T) {
 			"EgressNone": "the bridge CNI plugin here does not enforce NetworkPolicies (the policy itself is tested in TestEgressNoneNetworkPolicy)",
 		},
 	})
+}
+
+// TestBadImageOnRealNode: the kubelet's own pull failure of an image no
+// registry serves (none is reachable here, and the image was not
+// imported): Create fails with ErrPodFailed carrying the kubelet's reason
+// and its Warning event, and the pod is deleted.
+func TestBadImageOnRealNode(t *testing.T) {
+	c := needNode(t)
+	ns := newNamespace(t, c)
+	d := realNodeDriver(t, c, ns)
+	_, err := d.Create(context.Background(), driver.Spec{ID: "sb-pull", Environment: "broken", Image: unpullable, Repository: "/nowhere"})
+	if !errors.Is(err, ErrPodFailed) || !strings.Contains(err.Error(), unpullable) ||
+		!(strings.Contains(err.Error(), "ErrImagePull") || strings.Contains(err.Error(), "ImagePullBackOff")) ||
+		!strings.Contains(err.Error(), "events: Failed: Failed to pull image") {
+		t.Fatalf("Create with an unpullable image: %v, want ErrPodFailed with the kubelet's pull error and its event", err)
+	}
+	t.Logf("error: %v", err)
+	waitFor(t, time.Minute, "the failed pod to be deleted", func() bool { _, ok := getPod(t, d, podName("sb-pull")); return !ok })
+	assertNothingLive(t, d)
+}
+
+// TestNeverReadyOnRealNode: a pod the kubelet never gets ready (its
+// image's registry accepts the connection and never answers, so the pull
+// hangs): Create fails with ErrPodFailed after the ready timeout, saying
+// what the pod was doing (its last event: the pull), and the pod is
+// deleted; the work key is free again.
+func TestNeverReadyOnRealNode(t *testing.T) {
+	c := needNode(t)
+	ns := newNamespace(t, c)
+	// containerd (on this machine's network) pulls from here.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, conn)
+			mu.Unlock()
+		}
+	}()
+	stuck := l.Addr().String() + "/hangar/stuck:1"
+	d := newDriver(t, c, ns, func(o *Options) { realNodeOpts(o); o.ReadyTimeout = 15 * time.Second })
+	_, err = d.Create(context.Background(), driver.Spec{ID: "sb-never", WorkKey: "session-never", Environment: "stuck", Image: stuck, Repository: "/nowhere"})
+	if !errors.Is(err, ErrPodFailed) || !strings.Contains(err.Error(), "not ready within 15s") || !strings.Contains(err.Error(), `Pulling image "`+stuck+`"`) {
+		t.Fatalf("Create of a pod whose pull hangs: %v, want ErrPodFailed, not ready, with the pull as its last event", err)
+	}
+	t.Logf("error: %v", err)
+	waitFor(t, time.Minute, "the unready pod to be deleted", func() bool { _, ok := getPod(t, d, podName("sb-never")); return !ok })
+	assertNothingLive(t, d)
+}
+
+// TestAPIServerGoesAwayOnRealNode: with a sandbox running on the real
+// node, the API server becomes unreachable (its only route, a forwarder,
+// closed): an exec in the running pod and a new Create fail with
+// ErrBackendUnavailable naming the API server, and the failed Create
+// leaves nothing behind, there or in the cluster once it is back.
+func TestAPIServerGoesAwayOnRealNode(t *testing.T) {
+	c := needNode(t)
+	ns := newNamespace(t, c)
+	fw := forward(t, strings.TrimPrefix(c.Host(), "https://"))
+	addr := fw.Addr().String()
+	cfg := rest.CopyConfig(c.Config)
+	cfg.Host, cfg.Timeout = "https://"+addr, 10*time.Second
+	d := newDriver(t, c, ns, func(o *Options) { realNodeOpts(o); o.Config = cfg })
+	repo, _ := drivertest.NewRepo(t, map[string]string{"README.md": "hi\n"})
+	sb, err := d.Create(context.Background(), driver.Spec{ID: "sb-up", WorkKey: "session-up", Environment: "e", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw.Close()
+	p, err := sb.Exec(context.Background(), driver.ExecRequest{Argv: []string{"true"}})
+	if err == nil {
+		_, err = p.Wait()
+	}
+	if !errors.Is(err, driver.ErrBackendUnavailable) || !strings.Contains(err.Error(), cfg.Host) {
+		t.Errorf("exec with the API server gone: %v, want ErrBackendUnavailable naming %s", err, cfg.Host)
+	}
+	_, err = d.Create(context.Background(), driver.Spec{ID: "sb-down", WorkKey: "session-down", Environment: "e", Repository: repo})
+	if !errors.Is(err, driver.ErrBackendUnavailable) || !strings.Contains(err.Error(), cfg.Host) {
+		t.Fatalf("Create with the API server gone: %v, want ErrBackendUnavailable naming %s", err, cfg.Host)
+	}
+	d.mu.Lock()
+	_, keyLeft := d.keys["session-down"]
+	_, podLeft := d.live[podName("sb-down")]
+	d.mu.Unlock()
+	if keyLeft || podLeft {
+		t.Errorf("the failed create left its work key (%v) or its sandbox (%v)", keyLeft, podLeft)
+	}
+	// The API server back on the same address: the pod that was running
+	// still is and answers, and the failed create made no pod.
+	back := forwardOn(t, addr, strings.TrimPrefix(c.Host(), "https://"))
+	defer back.Close()
+	if _, ok := getPod(t, d, podName("sb-down")); ok {
+		t.Error("the create that failed left a pod")
+	}
+	out, _, code, err := sb.(*Sandbox).run1(context.Background(), []string{"cat", "README.md"}, nil, sb.Info().WorkDir)
+	if err != nil || code != 0 || out != "hi\n" {
+		t.Errorf("the running sandbox after the API server came back: %q %d %v", out, code, err)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	assertNothingLive(t, d)
+}
+
+func assertNothingLive(t *testing.T, d *Driver) {
+	t.Helper()
+	d.mu.Lock()
+	live, keys := len(d.live), len(d.keys)
+	d.mu.Unlock()
+	if live != 0 || keys != 0 {
+		t.Errorf("%d live sandboxes, %d work keys left", live, keys)
+	}
 }

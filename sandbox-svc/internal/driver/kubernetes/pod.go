@@ -398,12 +398,27 @@ func (d *Driver) startFailure(pod *corev1.Pod, status string) error {
 		}
 		if len(warnings) > 0 {
 			reason += "; events: " + strings.Join(warnings, "; ")
+		} else if last := lastEvent(items, pod); last != "" {
+			// A pod that never became ready often has no warning (an
+			// image pull that hangs): what it was doing last is the reason.
+			reason += "; last event: " + last
 		}
 	}
 	if pod.Status.Phase == corev1.PodPending && pod.Spec.NodeName == "" {
 		reason += " (not scheduled to a node)"
 	}
 	return fmt.Errorf("%w: pod %s/%s (image %s): %s", ErrPodFailed, d.opts.Namespace, pod.Name, podImage(pod), reason)
+}
+
+// lastEvent is the newest of the pod's events (sorted oldest first), as
+// "reason: message", or "".
+func lastEvent(items []corev1.Event, pod *corev1.Pod) string {
+	for i := len(items) - 1; i >= 0; i-- {
+		if e := items[i]; pod.UID == "" || e.InvolvedObject.UID == "" || e.InvolvedObject.UID == pod.UID {
+			return e.Reason + ": " + e.Message
+		}
+	}
+	return ""
 }
 
 func hasWarning(evs []corev1.Event) bool {
