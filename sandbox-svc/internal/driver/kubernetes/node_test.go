@@ -126,9 +126,9 @@ func TestNeverReadyOnRealNode(t *testing.T) {
 		}
 	}()
 	stuck := l.Addr().String() + "/hangar/stuck:1"
-	d := newDriver(t, c, ns, func(o *Options) { realNodeOpts(o); o.ReadyTimeout = 15 * time.Second })
+	d := newDriver(t, c, ns, func(o *Options) { realNodeOpts(o); o.ReadyTimeout = 30 * time.Second })
 	_, err = d.Create(context.Background(), driver.Spec{ID: "sb-never", WorkKey: "session-never", Environment: "stuck", Image: stuck, Repository: "/nowhere"})
-	if !errors.Is(err, ErrPodFailed) || !strings.Contains(err.Error(), "not ready within 15s") || !strings.Contains(err.Error(), `Pulling image "`+stuck+`"`) {
+	if !errors.Is(err, ErrPodFailed) || !strings.Contains(err.Error(), "not ready within 30s") || !strings.Contains(err.Error(), `last event: Pulling: Pulling image "`+stuck+`"`) {
 		t.Fatalf("Create of a pod whose pull hangs: %v, want ErrPodFailed, not ready, with the pull as its last event", err)
 	}
 	t.Logf("error: %v", err)

@@ -398,9 +398,11 @@ func (d *Driver) startFailure(pod *corev1.Pod, status string) error {
 		}
 		if len(warnings) > 0 {
 			reason += "; events: " + strings.Join(warnings, "; ")
-		} else if last := lastEvent(items, pod); last != "" {
-			// A pod that never became ready often has no warning (an
-			// image pull that hangs): what it was doing last is the reason.
+		}
+		if last := lastEvent(items, pod); last != "" && !seen[last] {
+			// A pod that never became ready often has no warning of its
+			// own (an image pull that hangs): what it was doing last is
+			// the reason.
 			reason += "; last event: " + last
 		}
 	}
