@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -104,6 +105,12 @@ func (e Endpoint) explain(err error) error {
 		if !strings.Contains(msg, "connection refused") && !strings.Contains(msg, "no such host") && !strings.Contains(msg, "connect:") {
 			return err
 		}
+		// Only a failure to reach hangar itself, the dial naming its
+		// address: a running hangar's own Unavailable (a backend it cannot
+		// reach, such as the Kubernetes API server) passes as it is.
+		if !e.namedIn(msg) {
+			return err
+		}
 		from := ""
 		if e.URLFrom != "" {
 			from = " (from " + e.URLFrom + ")"
@@ -117,6 +124,22 @@ func (e Endpoint) explain(err error) error {
 		return status.Errorf(codes.Unauthenticated, "hangar at %s refused the token%s: use the one its `hangar up` printed (saved in its HANGAR_HOME/token), through HANGAR_TOKEN or that file", e.URL, from)
 	}
 	return err
+}
+
+// namedIn says whether a dial error's message names the endpoint: its
+// host:port, its port as dialled ("dial tcp [::1]:7400: connect: ..."
+// for localhost), or its host not found.
+func (e Endpoint) namedIn(msg string) bool {
+	target, err := e.target()
+	if err != nil {
+		return false
+	}
+	host, port, err := net.SplitHostPort(target)
+	if err != nil {
+		return strings.Contains(msg, target)
+	}
+	return strings.Contains(msg, target) || strings.Contains(msg, ":"+port+": connect:") ||
+		(strings.Contains(msg, "no such host") && strings.Contains(msg, host))
 }
 
 type explainedStream struct {

@@ -10,9 +10,11 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -365,3 +367,126 @@ func benchResume(b *testing.B, s *stack, env string, pool int32) {
 		b.Errorf("restored tree: %q", out)
 	}
 }
+
+// TestBadInputOnPods: through hangar, on the real node. An environment
+// whose image no registry serves: the session's turn fails with the
+// kubelet's reason from the pod's events, and no pod is left. The API
+// server unreachable (its only route, a forwarder, closed): opening a
+// session is Unavailable naming it, and nothing is left once it is back.
+func TestBadInputOnPods(t *testing.T) {
+	c := startPodCluster(t)
+	ns := c.Namespace(t, "pods-bad")
+	// The stack reaches the API server through a forwarder it can lose.
+	fw := newTCPForwarder(t, strings.TrimPrefix(c.Host(), "https://"))
+	kc, err := os.ReadFile(c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := "https://" + fw.addr()
+	kubeconfig := t.TempDir() + "/kubeconfig"
+	if err := os.WriteFile(kubeconfig, []byte(strings.Replace(string(kc), c.Host(), host, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vars := c.vars(ns)
+	vars["HANGAR_KUBE_CONFIG"] = kubeconfig
+	s := startStack(t, stackOptions{vars: vars})
+	ctx := context.Background()
+	const unpullable = "registry.invalid/hangar/no-such-image:1"
+	if _, err := s.sandboxes.ApplyEnvironment(ctx, &sandboxv1.ApplyEnvironmentRequest{Environment: &sandboxv1.Environment{
+		Name: "broken", Repository: gitRepo(t, nil), BaseRef: "main", Egress: sandboxv1.Egress_EGRESS_FULL, Driver: "kubernetes", Image: unpullable,
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
+		Name: "broken", Environment: "broken", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Please do the first task.",
+	}); err != nil {
+		t.Fatalf("new: %v", err)
+	}
+	turn := s.waitTurn(t, "broken", 1)
+	if turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_FAILED || !strings.Contains(turn.GetOutcomeReason(), `Failed to pull image "`+unpullable+`"`) {
+		t.Errorf("turn in an environment whose image cannot be pulled: %v (%s), want failed with the pull's event", turn.GetOutcome(), turn.GetOutcomeReason())
+	}
+	t.Logf("reason: %s", turn.GetOutcomeReason())
+	noPods := func(what string) {
+		t.Helper()
+		list, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range list.Items {
+			if p.DeletionTimestamp == nil {
+				t.Errorf("%s: pod %s left (phase %s)", what, p.Name, p.Status.Phase)
+			}
+		}
+	}
+	noPods("after the failed turn")
+
+	s.applyPodEnvironment(t, "pods", gitRepo(t, nil), 0)
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "cut", Environment: "pods"}); err != nil {
+		t.Fatal(err)
+	}
+	fw.close()
+	_, err = s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: "cut"})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), host) {
+		t.Errorf("open with the API server unreachable: %v, want Unavailable naming %s", err, host)
+	}
+	t.Logf("error: %v", err)
+	fw.reopen(t)
+	noPods("with the API server back")
+}
+
+// tcpForwarder passes connections on a loopback port to target until
+// closed; reopen listens on the same port again.
+type tcpForwarder struct {
+	target string
+	l      net.Listener
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func newTCPForwarder(t testing.TB, target string) *tcpForwarder {
+	f := &tcpForwarder{target: target}
+	f.listen(t, "127.0.0.1:0")
+	t.Cleanup(f.close)
+	return f
+}
+
+func (f *tcpForwarder) addr() string { return f.l.Addr().String() }
+
+func (f *tcpForwarder) listen(t testing.TB, addr string) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.l = l
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", f.target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, in, out)
+			f.mu.Unlock()
+			go func() { _, _ = io.Copy(out, in); out.Close() }()
+			go func() { _, _ = io.Copy(in, out); in.Close() }()
+		}
+	}()
+}
+
+func (f *tcpForwarder) close() {
+	f.l.Close()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		c.Close()
+	}
+	f.conns = nil
+}
+
+func (f *tcpForwarder) reopen(t testing.TB) { f.listen(t, f.addr()) }
