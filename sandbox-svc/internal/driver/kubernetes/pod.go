@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 )
 
@@ -253,10 +254,9 @@ func (d *Driver) podFor(sb *Sandbox) *corev1.Pod {
 				{Name: "tool", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 			},
 			InitContainers: []corev1.Container{{
-				Name:  "hangar-tool",
-				Image: d.opts.ToolImage,
-				Command: []string{"sh", "-c", `cp "$1" /hangar/bin/hangar-sandbox && ln -sf hangar-sandbox /hangar/bin/hangar-agent`,
-					"install", d.opts.ToolPath},
+				Name:         "hangar-tool",
+				Image:        d.opts.ToolImage,
+				Command:      mustArgv(d.opts.ToolPath, sandboxtool.CommandInstall, sandboxtool.InstallRequest{Dir: ToolDir}),
 				VolumeMounts: []corev1.VolumeMount{{Name: "tool", MountPath: ToolDir}},
 			}},
 			Containers: []corev1.Container{{
@@ -264,7 +264,7 @@ func (d *Driver) podFor(sb *Sandbox) *corev1.Pod {
 				Image: image,
 				// pid 1 waits for the end of the grace period on TERM, so a
 				// pod deleted by someone else stays whole for its hooks.
-				Command:      []string{"sh", "-c", "trap '' TERM; mkdir -p " + RunDir + "; while :; do sleep 3600; done"},
+				Command:      toolArgv(sandboxtool.CommandHold, sandboxtool.HoldRequest{RunDir: RunDir}),
 				Resources:    res,
 				VolumeMounts: mounts,
 			}},
