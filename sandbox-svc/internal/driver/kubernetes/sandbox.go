@@ -103,8 +103,8 @@ func (sb *Sandbox) env(extra map[string]string, pathPrepend []string) []string {
 		"HANGAR_WORK_DIR":     info.WorkDir,
 		"GIT_TERMINAL_PROMPT": "0",
 	}
-	if sb.d.opts.Gateway != "" {
-		m["HANGAR_GATEWAY_ADDR"] = sb.d.opts.Gateway
+	if gw := sb.d.gatewayAddr(); gw != "" {
+		m["HANGAR_GATEWAY_ADDR"] = gw
 	}
 	for k, v := range sb.spec.Env {
 		m[k] = v
