@@ -652,6 +652,7 @@ func TestForkAtStepPinSet(t *testing.T) {
 		if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_DIVERGED || d.GetSeq() != 1 || d.GetKind() != replayv1.DivergenceKind_DIVERGENCE_KIND_MODEL || f.GetPinSet() != "codex-pin@r1" {
 			t.Fatalf("%v (%s), divergence %v, pin_set %q", f.GetStatus(), f.GetStatusReason(), d, f.GetPinSet())
 		}
+		t.Logf("a pin set on another harness: %s, divergence %v", f.GetStatusReason(), d)
 		tr := f.GetTrials()[0]
 		if tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_DIVERGED || tr.GetPinSet() != "codex-pin@r1" || tr.GetRun() != "" {
 			t.Errorf("trial %v", tr)
