@@ -29,6 +29,8 @@ type gatewayRoute struct {
 func serviceName(host, ns string) (name, namespace string, ok bool) {
 	parts := strings.Split(host, ".")
 	switch {
+	case host == "":
+		return "", "", false
 	case len(parts) == 1:
 		return parts[0], ns, parts[0] != ""
 	case len(parts) == 2 || parts[2] == "svc":
