@@ -342,7 +342,7 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 	h.startTree(ctx, c)
 	w = &treeGate{ResponseWriter: w, wait: func() { h.awaitTree(c) }}
 
-	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" {
+	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" && !rp.GetOutsideOnly() {
 		if done := h.replayStep(w, r, c, rp); done {
 			return
 		}
@@ -350,8 +350,9 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 
 	upBody := body
 	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" {
-		// Live after a replayed prefix: the calls with outside effects the
-		// prefix made are shown to the model with the tape's outputs.
+		// Live after a replayed prefix (or a trial continuing one): the
+		// calls with outside effects the prefix made are shown to the
+		// model with the tape's outputs.
 		upBody = h.answerFromTape(ctx, c, rp, upBody)
 	}
 	if msgs, err := h.o.Runs.TakeSteering(ctx, run.GetId()); err == nil && len(msgs) > 0 {

@@ -175,3 +175,42 @@ func TestReplayComparesTheTreeHash(t *testing.T) {
 		t.Errorf("the replays made %d upstream calls", n-upstreamCalls)
 	}
 }
+
+// TestOutsideOnlyRunSendsTheTapesOutputs: a run armed outside_only (a
+// fork's trial, continuing a replayed prefix) is live from its first call
+// (upstream, nothing compared, no divergence), and the output of an MCP
+// call its conversation holds, which failed in the replay's sealed
+// sandbox, reaches the upstream as the tape's (content and is_error); a
+// Bash output is sent as it is.
+func TestOutsideOnlyRunSendsTheTapesOutputs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	conv := func(mcpResult, bash string) string {
+		return `{"model":"claude-sonnet-4-5","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"go"},` +
+			`{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"mcp__counter__count","input":{}},{"type":"tool_use","id":"t2","name":"Bash","input":{}}]},` +
+			`{"role":"user","content":[` + mcpResult + `,{"type":"tool_result","tool_use_id":"t2","content":"` + bash + `"}]}]}`
+	}
+	rec, tok := e.create(t, &gatewayv1.Run{Session: "ses-rec"})
+	if ans := e.post(t, "/v1/messages", tok, conv(`{"type":"tool_result","tool_use_id":"t1","content":"counted-1"}`, "bash-1")); ans.status != http.StatusOK {
+		t.Fatalf("record: %d %s", ans.status, ans.body)
+	}
+	before := e.gate.calls.Load()
+	run, rtok := e.create(t, &gatewayv1.Run{Session: "ses-trial", Replay: &gatewayv1.Replay{TapeRun: rec.GetId(), AtSeq: 0, OutsideOnly: true}})
+	failed := `{"type":"tool_result","tool_use_id":"t1","is_error":true,"content":"No such tool available: mcp__counter__count"}`
+	ans := e.post(t, "/v1/messages", rtok, conv(failed, "bash-2")+"\n")
+	if ans.status != http.StatusOK || ans.header.Get("x-hangar-replayed") != "" {
+		t.Fatalf("trial call: %d %s (replayed %q)", ans.status, ans.body, ans.header.Get("x-hangar-replayed"))
+	}
+	if n := e.gate.calls.Load(); n != before+1 {
+		t.Fatalf("the trial's call made %d upstream calls, want 1", n-before)
+	}
+	e.gate.mu.Lock()
+	sent := e.gate.order[len(e.gate.order)-1]
+	e.gate.mu.Unlock()
+	if !strings.Contains(sent, "counted-1") || strings.Contains(sent, "No such tool") || strings.Contains(sent, "is_error") || !strings.Contains(sent, "bash-2") {
+		t.Errorf("the upstream got %s: want the tape's MCP output and the trial's own Bash output", sent)
+	}
+	if d, _, err := e.runs.Divergence(context.Background(), run.GetId()); err != nil || d != nil {
+		t.Errorf("divergence %v %v, want none", d, err)
+	}
+}

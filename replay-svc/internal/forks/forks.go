@@ -835,6 +835,18 @@ func (m *Manager) startTrials(ctx context.Context, f *replayv1.Fork) error {
 		}
 		t.Session = trialSession(f.GetFork(), i+1)
 		t.Divergence = f.GetDivergence()
+		// The trial's conversation holds the replay's calls with outside
+		// effects (MCP, web fetch), which failed in the sealed sandbox:
+		// every run of the trial's session shows the model the tape's
+		// outputs instead.
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Gateway.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: t.GetSession(), Replay: &gatewayv1.Replay{
+				TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OutsideOnly: true,
+			}})
+			return err
+		}); err != nil {
+			return stage("arming the gateway for trial "+t.GetId(), err)
+		}
 		var turn *sessionv1.Turn
 		err := m.retry(ctx, func() error {
 			resp, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: t.GetSession(), Message: message,
