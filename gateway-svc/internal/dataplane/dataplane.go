@@ -339,7 +339,12 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 	defer h.finish(c)
 	// The work tree hash is taken while the call goes on (the tape is
 	// read, the upstream answers); the answer's first byte waits for it.
-	h.startTree(ctx, c)
+	// A replay checked at its end (tree_check_at_end) takes it only at
+	// the prefix's last two requests, at_seq and at_seq+1: its replayed
+	// answers before them wait for no hash.
+	if rp := run.GetReplay(); !rp.GetTreeCheckAtEnd() || rp.GetOutsideOnly() || seq >= rp.GetAtSeq() {
+		h.startTree(ctx, c)
+	}
 	w = &treeGate{ResponseWriter: w, wait: func() { h.awaitTree(c) }}
 
 	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" && !rp.GetOutsideOnly() {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -212,5 +213,71 @@ func TestOutsideOnlyRunSendsTheTapesOutputs(t *testing.T) {
 	}
 	if d, _, err := e.runs.Divergence(context.Background(), run.GetId()); err != nil || d != nil {
 		t.Errorf("divergence %v %v, want none", d, err)
+	}
+}
+
+// TestReplayTreeCheckAtEnd: a replay with tree_check_at_end hashes the
+// work tree only at the prefix's last two requests (at_seq and at_seq+1),
+// so its earlier replayed answers wait for no hash; a tree that differs
+// from the start is then a tree divergence seen at at_seq (every step
+// hashed: at step 1).
+func TestReplayTreeCheckAtEnd(t *testing.T) {
+	t.Parallel()
+	trees := &fakeTrees{}
+	tree := func(h string) func(context.Context, *gatewayv1.RunSandbox) (string, error) {
+		return func(context.Context, *gatewayv1.RunSandbox) (string, error) { return h, nil }
+	}
+	e := newEnv(t, func(o *dataplane.Options) { o.Trees = trees })
+	sb := &gatewayv1.RunSandbox{Id: "sb-1", WorkDir: "/s/work"}
+	rec, tok := e.create(t, &gatewayv1.Run{Session: "ses-rec", Sandbox: sb})
+	const steps = 4
+	for i := 1; i <= steps; i++ {
+		trees.set(tree(fmt.Sprintf("tree-%d", i)))
+		if ans := e.post(t, "/v1/messages", tok, msg(fmt.Sprintf("step %d", i))); ans.status != http.StatusOK {
+			t.Fatalf("record %d: %d %s", i, ans.status, ans.body)
+		}
+	}
+	for _, c := range []struct {
+		name      string
+		atEnd     bool
+		trees     func(seq int) string
+		wantSeq   int // the divergence's step (0: clean)
+		wantCalls int
+	}{
+		{"clean at end", true, func(seq int) string { return fmt.Sprintf("tree-%d", seq) }, 0, 2},
+		{"another tree at end", true, func(int) string { return "other" }, 3, 1},
+		{"another tree every step", false, func(int) string { return "other" }, 1, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			seq := 0
+			calls := 0
+			var mu sync.Mutex
+			trees.set(func(context.Context, *gatewayv1.RunSandbox) (string, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				calls++
+				return c.trees(seq), nil
+			})
+			_, rtok := e.create(t, &gatewayv1.Run{Session: "ses-rp", Sandbox: sb, Replay: &gatewayv1.Replay{TapeRun: rec.GetId(), AtSeq: steps - 1,
+				AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP, TreeCheckAtEnd: c.atEnd}})
+			for i := 1; i <= steps; i++ {
+				mu.Lock()
+				seq = i
+				mu.Unlock()
+				ans := e.post(t, "/v1/messages", rtok, msg(fmt.Sprintf("step %d", i)))
+				diverged := strings.Contains(ans.body, fmt.Sprintf("diverged at step %d (tree)", i))
+				if diverged != (i == c.wantSeq) {
+					t.Fatalf("step %d: %d %s, want a tree divergence at %d", i, ans.status, ans.body, c.wantSeq)
+				}
+				if diverged || i == steps {
+					break
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if calls != c.wantCalls {
+				t.Errorf("%d tree hashes, want %d", calls, c.wantCalls)
+			}
+		})
 	}
 }

@@ -432,7 +432,7 @@ func (s *Server) SetReplay(ctx context.Context, req *gatewayv1.SetReplayRequest)
 // replayDefaults copies rp with its unset choices filled in.
 func replayDefaults(rp *gatewayv1.Replay) *gatewayv1.Replay {
 	rp = &gatewayv1.Replay{TapeRun: rp.GetTapeRun(), AtSeq: rp.GetAtSeq(), OnDivergence: rp.GetOnDivergence(), AfterPrefix: rp.GetAfterPrefix(),
-		OutsideOnly: rp.GetOutsideOnly()}
+		OutsideOnly: rp.GetOutsideOnly(), TreeCheckAtEnd: rp.GetTreeCheckAtEnd()}
 	if rp.OnDivergence == gatewayv1.OnDivergence_ON_DIVERGENCE_UNSPECIFIED {
 		rp.OnDivergence = gatewayv1.OnDivergence_ON_DIVERGENCE_STOP
 	}

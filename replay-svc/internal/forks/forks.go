@@ -575,61 +575,13 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 		return stage("reading the run's session", err)
 	}
 	prefix := f.GetPrefixSession()
-	if _, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: prefix}); fault.Status(err).Code() == codes.NotFound {
-		tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
-		if err != nil || len(tape.GetSteps()) == 0 {
-			return userError(fmt.Sprintf("the tape of run %s could not be read: it may have expired", f.GetRun()))
-		}
-		// Arm the gateway first: the prefix session's first run replays
-		// from its first call, and stops after checking the request that
-		// follows step N.
-		if err := m.retryUnavailable(ctx, func() error {
-			_, err := m.o.Gateway.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: prefix, Replay: &gatewayv1.Replay{
-				TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
-				AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP,
-			}})
-			return err
-		}); err != nil {
-			return stage("arming the gateway for the prefix session", err)
-		}
-		s := src.GetSession()
-		env, err := m.replayEnvironment(ctx, s.GetEnvironment())
-		if err != nil {
-			return stage("making the replay environment", err)
-		}
-		if err := m.retryUnavailable(ctx, func() error {
-			_, err := m.o.Sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
-				Name: prefix, Environment: env, Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
-				BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetRun().GetModel(),
-				// The taped steps make no model call; the budget only
-				// bounds what a broken replay could spend.
-				Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()},
-			})
-			if fault.Status(err).Code() == codes.AlreadyExists {
-				return nil
-			}
-			return err
-		}); err != nil {
-			return stage("creating the prefix session", err)
-		}
-	} else if err != nil {
-		return stage("reading the prefix session", err)
-	}
-	// A session made while session-svc was draining has no turn yet.
-	if got, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: prefix}); err != nil {
-		return stage("reading the prefix session", err)
-	} else if len(got.GetSession().GetTurns()) == 0 {
-		tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
-		if err != nil || len(tape.GetSteps()) == 0 {
-			return userError(fmt.Sprintf("the tape of run %s could not be read: it may have expired", f.GetRun()))
-		}
-		if err := m.retryUnavailable(ctx, func() error {
-			_, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: prefix, Message: Prompt(tape.GetSteps()[0]),
-				Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()}})
-			return err
-		}); err != nil {
-			return stage("starting the prefix session's turn", err)
-		}
+	// The prefix's tree is checked at its end only (its replayed answers
+	// wait for no tree hash); a tree divergence is localised after.
+	if err := m.replaySession(ctx, f, src.GetSession(), run.GetRun(), prefix, &gatewayv1.Replay{
+		TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
+		AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP, TreeCheckAtEnd: true,
+	}); err != nil {
+		return err
 	}
 	turn, err := m.waitTurn(ctx, prefix, 1)
 	if err != nil {
@@ -654,6 +606,13 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 		f.PrefixSession = fmt.Sprintf("%s-prefix-%d", f.GetFork(), attempt+1)
 		m.saveFork(ctx, f)
 		return m.rebuild(ctx, f)
+	}
+	if d := div.GetDivergence(); d.GetKind() == gatewayv1.DivergenceKind_DIVERGENCE_KIND_TREE && f.GetAtSeq() > 1 {
+		loc, err := m.localiseTree(ctx, f, src.GetSession(), run.GetRun(), prefix, d)
+		if err != nil {
+			return err
+		}
+		div.Divergence = loc
 	}
 	f.ReplayedSteps = div.GetReplayedSteps()
 	if d := div.GetDivergence(); d != nil {
@@ -692,6 +651,99 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 	}
 	m.saveFork(ctx, f)
 	return nil
+}
+
+// replaySession starts (or finds started) the session prefix that
+// replays f's run as rp says: armed on the gateway, created on the run's
+// sealed replay environment at the run's base commit with the run's
+// harness, model and prompt, its first turn sent. It is idempotent.
+func (m *Manager) replaySession(ctx context.Context, f *replayv1.Fork, s *sessionv1.Session, run *gatewayv1.Run, prefix string, rp *gatewayv1.Replay) error {
+	if _, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: prefix}); fault.Status(err).Code() == codes.NotFound {
+		tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
+		if err != nil || len(tape.GetSteps()) == 0 {
+			return userError(fmt.Sprintf("the tape of run %s could not be read: it may have expired", f.GetRun()))
+		}
+		// Arm the gateway first: the session's first run replays from
+		// its first call, and stops after checking the request that
+		// follows step N.
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Gateway.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: prefix, Replay: rp})
+			return err
+		}); err != nil {
+			return stage("arming the gateway for the prefix session", err)
+		}
+		env, err := m.replayEnvironment(ctx, s.GetEnvironment())
+		if err != nil {
+			return stage("making the replay environment", err)
+		}
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
+				Name: prefix, Environment: env, Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
+				BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetModel(),
+				// The taped steps make no model call; the budget only
+				// bounds what a broken replay could spend.
+				Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()},
+			})
+			if fault.Status(err).Code() == codes.AlreadyExists {
+				return nil
+			}
+			return err
+		}); err != nil {
+			return stage("creating the prefix session", err)
+		}
+	} else if err != nil {
+		return stage("reading the prefix session", err)
+	}
+	// A session made while session-svc was draining has no turn yet.
+	if got, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: prefix}); err != nil {
+		return stage("reading the prefix session", err)
+	} else if len(got.GetSession().GetTurns()) == 0 {
+		tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
+		if err != nil || len(tape.GetSteps()) == 0 {
+			return userError(fmt.Sprintf("the tape of run %s could not be read: it may have expired", f.GetRun()))
+		}
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: prefix, Message: Prompt(tape.GetSteps()[0]),
+				Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()}})
+			return err
+		}); err != nil {
+			return stage("starting the prefix session's turn", err)
+		}
+	}
+	return nil
+}
+
+// localiseTree finds the step that left another work tree than the run
+// recorded, for a tree divergence d the prefix saw at its end (its tree is
+// hashed only at its last two requests, so d's step is where the
+// difference was seen, not where it was made): a second replay, session
+// <prefix>-tree, of steps 1..d.seq-1 hashes the tree at every step and
+// stops at the first difference. Its divergence, when it has one at or
+// before d's step (of any kind: it is the same replay), is the fork's;
+// else d (a difference the second replay did not reproduce).
+func (m *Manager) localiseTree(ctx context.Context, f *replayv1.Fork, s *sessionv1.Session, run *gatewayv1.Run, prefix string, d *gatewayv1.Divergence) (*gatewayv1.Divergence, error) {
+	name := prefix + "-tree"
+	if err := m.replaySession(ctx, f, s, run, name, &gatewayv1.Replay{
+		TapeRun: f.GetRun(), AtSeq: d.GetSeq() - 1, OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
+		AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP,
+	}); err != nil {
+		return nil, err
+	}
+	turn, err := m.waitTurn(ctx, name, 1)
+	if err != nil {
+		return nil, stage("waiting for the tree divergence's second replay", err)
+	}
+	if turn.GetRunId() == "" {
+		return d, nil
+	}
+	got, err := m.o.Gateway.GetDivergence(ctx, &gatewayv1.GetDivergenceRequest{Run: turn.GetRunId()})
+	if err != nil {
+		return nil, stage("reading the second replay's divergence", err)
+	}
+	if l := got.GetDivergence(); l != nil && l.GetSeq() <= d.GetSeq() {
+		return l, nil
+	}
+	return d, nil
 }
 
 // maxPrefixAttempts bounds how often an interrupted prefix is rebuilt.

@@ -788,9 +788,15 @@ type Replay struct {
 	// A trial continuing a replayed prefix: its conversation holds the
 	// replay's failed outside calls. Armed for a session, it applies to every
 	// run of that session, not only the first.
-	OutsideOnly   bool `protobuf:"varint,5,opt,name=outside_only,json=outsideOnly,proto3" json:"outside_only,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OutsideOnly bool `protobuf:"varint,5,opt,name=outside_only,json=outsideOnly,proto3" json:"outside_only,omitempty"`
+	// The work tree hash is taken (and compared with the tape's) only at the
+	// last two requests of the prefix, at_seq and at_seq+1, not at every
+	// replayed step: a replayed answer waits for no hash. A tree divergence
+	// is then seen at the end of the prefix, not at the step that made it
+	// (replay-svc localises it with a second replay that hashes every step).
+	TreeCheckAtEnd bool `protobuf:"varint,6,opt,name=tree_check_at_end,json=treeCheckAtEnd,proto3" json:"tree_check_at_end,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Replay) Reset() {
@@ -854,6 +860,13 @@ func (x *Replay) GetAfterPrefix() AfterPrefix {
 func (x *Replay) GetOutsideOnly() bool {
 	if x != nil {
 		return x.OutsideOnly
+	}
+	return false
+}
+
+func (x *Replay) GetTreeCheckAtEnd() bool {
+	if x != nil {
+		return x.TreeCheckAtEnd
 	}
 	return false
 }
@@ -1429,13 +1442,14 @@ const file_hangar_gateway_v1_message_proto_rawDesc = "" +
 	"\fmax_cost_usd\x18\x01 \x01(\x01R\n" +
 	"maxCostUsd\x12\x1d\n" +
 	"\n" +
-	"max_tokens\x18\x02 \x01(\x03R\tmaxTokens\"\xe6\x01\n" +
+	"max_tokens\x18\x02 \x01(\x03R\tmaxTokens\"\x91\x02\n" +
 	"\x06Replay\x12\x19\n" +
 	"\btape_run\x18\x01 \x01(\tR\atapeRun\x12\x15\n" +
 	"\x06at_seq\x18\x02 \x01(\x05R\x05atSeq\x12D\n" +
 	"\ron_divergence\x18\x03 \x01(\x0e2\x1f.hangar.gateway.v1.OnDivergenceR\fonDivergence\x12A\n" +
 	"\fafter_prefix\x18\x04 \x01(\x0e2\x1e.hangar.gateway.v1.AfterPrefixR\vafterPrefix\x12!\n" +
-	"\foutside_only\x18\x05 \x01(\bR\voutsideOnly\"\xae\x04\n" +
+	"\foutside_only\x18\x05 \x01(\bR\voutsideOnly\x12)\n" +
+	"\x11tree_check_at_end\x18\x06 \x01(\bR\x0etreeCheckAtEnd\"\xae\x04\n" +
 	"\x04Step\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x127\n" +
