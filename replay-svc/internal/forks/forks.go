@@ -789,11 +789,32 @@ func (m *Manager) replayEnvironment(ctx context.Context, env string) (string, er
 	}); err != nil {
 		return "", fmt.Errorf("get environment %s: %w", env, err)
 	}
-	if src.GetEgress() == sandboxv1.Egress_EGRESS_NONE && len(src.GetEnv()) == 0 && src.GetWarmPoolSize() == 0 {
+	if sealedEnvironment(src) {
 		return env, nil
 	}
+	name := ReplayEnvironment(env)
+	if name == env && len(env)+len("-replay") <= 63 {
+		name = env + "-replay" // an open environment named like a sealed one
+	}
+	// Never overwrite an environment that is not sealed (a user's own
+	// environment that happens to have the name): it would lose its
+	// egress and its variables.
+	var existing *sandboxv1.Environment
+	if err := m.retryUnavailable(ctx, func() error {
+		resp, err := m.o.Environments.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: name})
+		if fault.Status(err).Code() == codes.NotFound {
+			return nil
+		}
+		existing = resp.GetEnvironment()
+		return err
+	}); err != nil {
+		return "", fmt.Errorf("get environment %s: %w", name, err)
+	}
+	if existing != nil && !sealedEnvironment(existing) {
+		return "", userError(fmt.Sprintf("the replay environment of %s would be %s, an environment that is not sealed (egress, variables or a warm pool): rename it to fork this run", env, name))
+	}
 	sealed := &sandboxv1.Environment{
-		Name: ReplayEnvironment(env), Repository: src.GetRepository(), BaseRef: src.GetBaseRef(), Setup: src.GetSetup(),
+		Name: name, Repository: src.GetRepository(), BaseRef: src.GetBaseRef(), Setup: src.GetSetup(),
 		Egress: sandboxv1.Egress_EGRESS_NONE, Resources: src.GetResources(), Driver: src.GetDriver(), Image: src.GetImage(),
 		CacheTtl: src.GetCacheTtl(),
 	}
@@ -804,6 +825,12 @@ func (m *Manager) replayEnvironment(ctx context.Context, env string) (string, er
 		return "", fmt.Errorf("apply environment %s: %w", sealed.GetName(), err)
 	}
 	return sealed.GetName(), nil
+}
+
+// sealedEnvironment reports whether e is as a replay's environment must
+// be: egress none, no variables, no warm pool.
+func sealedEnvironment(e *sandboxv1.Environment) bool {
+	return e.GetEgress() == sandboxv1.Egress_EGRESS_NONE && len(e.GetEnv()) == 0 && e.GetWarmPoolSize() == 0
 }
 
 // pinSetError is the answer to a pin_set whose lock cannot be read: the
