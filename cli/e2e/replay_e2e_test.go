@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -593,57 +594,146 @@ func TestForkAtStepRESTAndCLI(t *testing.T) {
 	}
 }
 
-// TestForkAtStepPinSet: pin_set continues the trials with a harness lock's
-// harness, model and approval mode; the prefix replays on the run's own
-// harness either way. A lock on the run's harness continues the prefix's
-// conversation; one on another harness starts the trial on the run's
-// prompt over the rebuilt work tree. Locks that cannot be read are refused
-// naming pin_set.
-func TestForkAtStepPinSet(t *testing.T) {
-	s := replayStartWith(t, map[string]string{"HANGAR_HARNESS_REPO": harnessLockRepoOrSkip(t)})
-	ctx := context.Background()
-	run, steps := s.record(t, "pin-claude", sessionv1.Harness_HARNESS_CLAUDE, "Please do the replay task.")
-	at := toolStepSeq(t, steps, 3)
-	for _, c := range []struct {
-		pin, ref string
-		harness  sessionv1.Harness
-		model    string
-	}{
-		{"claude-ok", "claude-ok@r2", sessionv1.Harness_HARNESS_CLAUDE, "claude-sonnet-4-5"},
-		{"codex-ok@r2", "codex-ok@r2", sessionv1.Harness_HARNESS_CODEX, "gpt-5.5"},
-	} {
-		f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: at, Continuations: proto.Int32(1), PinSet: c.pin})
-		if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_FORKED || f.GetDivergence() != nil || f.GetPinSet() != c.ref || f.GetHarness() != "claude" {
-			t.Errorf("pin_set %s: %v (%s), divergence %v, pin_set %q, harness %q", c.pin, f.GetStatus(), f.GetStatusReason(), f.GetDivergence(), f.GetPinSet(), f.GetHarness())
-			continue
+// pinSetRepo is a harness repository whose locks are pin sets (a lock
+// with an environment) on env, for the installed CLIs: claude-pin (Claude
+// Code on pinModel, another model than the run's), codex-pin (Codex),
+// claude-old (a CLI version not installed), bare (no environment) and
+// elsewhere (an environment that does not exist).
+func pinSetRepo(t *testing.T, env string) string {
+	t.Helper()
+	if os.Getenv("HANGAR_HARNESS_DIR") == "" {
+		t.Skip("HANGAR_HARNESS_DIR is unset: run .ci/install-harnesses and set it to use the real agent CLIs")
+	}
+	rec := func(name, harness, model, version, env string) string {
+		out := "  " + name + ":\n    revision: 1\n    harness: " + harness + "\n    model: " + model + "\n    approvals: never\n    cli_version: " + version + "\n"
+		if env != "" {
+			out += "    environment: " + env + "\n"
 		}
+		return out
+	}
+	claude, codex := cliVersion(t, harnessClaude), cliVersion(t, harnessCodex)
+	file := "locks:\n" + rec("claude-pin", "claude", pinModel, claude, env) + rec("codex-pin", "codex", "gpt-5.5", codex, env) +
+		rec("claude-old", "claude", pinModel, "0.0.1", env) + rec("bare", "claude", pinModel, claude, "") +
+		rec("elsewhere", "claude", pinModel, claude, "nowhere")
+	return gitRepo(t, map[string]string{"harnesses.lock.yaml": file})
+}
+
+// pinModel is the model of the Claude Code pin set: not the run's.
+const pinModel = "claude-opus-pinned"
+
+// TestForkAtStepPinSet: pin_set continues a fork with a harness lock's
+// harness, model, approval mode and environment (a pin set is a lock with
+// an environment). A pin set on the run's harness replays the prefix there
+// (on the run's model, in the pin set's environment) and its trials
+// continue the prefix's conversation on the lock's model: every request of
+// a trial carries it. A pin set on another harness replays the prefix on
+// the lock's harness, whose first request is not the tape's: it diverges
+// at step 1 (kind model) by design; with on_divergence live its trials go
+// live from there on the lock's harness. Trials record the pin set. Pin
+// sets that cannot be used are refused naming pin_set, before any
+// sandbox work.
+func TestForkAtStepPinSet(t *testing.T) {
+	s := replayStartWith(t, map[string]string{"HANGAR_HARNESS_REPO": pinSetRepo(t, "e2e-pin")})
+	ctx := context.Background()
+	e2e, err := s.sandboxes.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: "e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.applyEnvironment(t, "e2e-pin", e2e.GetEnvironment().GetRepository(), 0, sandboxv1.Egress_EGRESS_FULL)
+	run, steps := s.record(t, "pin-claude", sessionv1.Harness_HARNESS_CLAUDE, "Please do the replay task.")
+	rec, err := s.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: run})
+	if err != nil || rec.GetRun().GetModel() == pinModel {
+		t.Fatalf("the recorded run: %v %v (its model must not be the pin set's)", rec.GetRun(), err)
+	}
+	at := toolStepSeq(t, steps, 3)
+
+	// The trial's session and run are the lock's, every request on its
+	// model, in the pin set's environment (its sealed replay copy).
+	checkTrial := func(t *testing.T, f *replayv1.Fork, h sessionv1.Harness, model string) {
+		t.Helper()
 		tr := f.GetTrials()[0]
-		if tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_ENDED || tr.GetOutcome() != replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED {
-			t.Errorf("pin_set %s: trial %v", c.pin, tr)
-			continue
+		if tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_ENDED || tr.GetOutcome() != replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED || tr.GetPinSet() != f.GetPinSet() {
+			t.Fatalf("trial %v", tr)
 		}
 		sess := s.get(t, tr.GetSession())
-		if sess.GetHarness() != c.harness || sess.GetModel() != c.model || sess.GetHarnessLock() != c.ref {
-			t.Errorf("pin_set %s: trial session harness %v model %q lock %q", c.pin, sess.GetHarness(), sess.GetModel(), sess.GetHarnessLock())
+		if sess.GetHarness() != h || sess.GetModel() != model || sess.GetHarnessLock() != f.GetPinSet() || sess.GetEnvironment() != "e2e-pin-replay" {
+			t.Errorf("trial session: harness %v model %q lock %q environment %q", sess.GetHarness(), sess.GetModel(), sess.GetHarnessLock(), sess.GetEnvironment())
 		}
-		// The trial's own run is on the lock's harness and model.
+		if p := s.get(t, f.GetPrefixSession()); p.GetEnvironment() != "e2e-pin-replay" {
+			t.Errorf("prefix session %s: environment %q, want the pin set's (sealed)", p.GetName(), p.GetEnvironment())
+		}
 		gr, err := s.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: tr.GetRun()})
-		if err != nil || gr.GetRun().GetHarness() != strings.ToLower(strings.TrimPrefix(c.harness.String(), "HARNESS_")) || gr.GetRun().GetModel() != c.model {
-			t.Errorf("pin_set %s: trial run %v %v", c.pin, gr.GetRun(), err)
+		if err != nil || gr.GetRun().GetHarness() != strings.ToLower(strings.TrimPrefix(h.String(), "HARNESS_")) || gr.GetRun().GetModel() != model {
+			t.Errorf("trial run %v %v", gr.GetRun(), err)
 		}
+		live, err := s.gateway.ListSteps(ctx, &gatewayv1.ListStepsRequest{Run: tr.GetRun()})
+		if err != nil || len(live.GetSteps()) == 0 {
+			t.Fatalf("steps of the trial's run %s: %v %v", tr.GetRun(), live, err)
+		}
+		for _, st := range live.GetSteps() {
+			if st.GetModel() != model {
+				t.Errorf("trial run %s step %d: model %q, want the lock's %q", tr.GetRun(), st.GetSeq(), st.GetModel(), model)
+			}
+		}
+	}
+
+	t.Run("same-harness", func(t *testing.T) {
+		f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: at, Continuations: proto.Int32(1), PinSet: "claude-pin"})
+		if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_FORKED || f.GetDivergence() != nil || f.GetPinSet() != "claude-pin@r1" || f.GetHarness() != "claude" || f.GetReplayedSteps() != at {
+			t.Fatalf("%v (%s), divergence %v, pin_set %q, harness %q, replayed %d", f.GetStatus(), f.GetStatusReason(), f.GetDivergence(), f.GetPinSet(), f.GetHarness(), f.GetReplayedSteps())
+		}
+		checkTrial(t, f, sessionv1.Harness_HARNESS_CLAUDE, pinModel)
+	})
+	t.Run("cross-harness-stop", func(t *testing.T) {
+		f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: at, Continuations: proto.Int32(1), PinSet: "codex-pin@r1"})
+		d := f.GetDivergence()
+		if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_DIVERGED || d.GetSeq() != 1 || d.GetKind() != replayv1.DivergenceKind_DIVERGENCE_KIND_MODEL || f.GetPinSet() != "codex-pin@r1" {
+			t.Fatalf("%v (%s), divergence %v, pin_set %q", f.GetStatus(), f.GetStatusReason(), d, f.GetPinSet())
+		}
+		t.Logf("a pin set on another harness: %s, divergence %v", f.GetStatusReason(), d)
+		tr := f.GetTrials()[0]
+		if tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_DIVERGED || tr.GetPinSet() != "codex-pin@r1" || tr.GetRun() != "" {
+			t.Errorf("trial %v", tr)
+		}
+		if p := s.get(t, f.GetPrefixSession()); p.GetHarness() != sessionv1.Harness_HARNESS_CODEX || p.GetHarnessLock() != "codex-pin@r1" {
+			t.Errorf("prefix session: harness %v lock %q, want the pin set's", p.GetHarness(), p.GetHarnessLock())
+		}
+	})
+	t.Run("cross-harness-live", func(t *testing.T) {
+		f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: at, Continuations: proto.Int32(1), PinSet: "codex-pin",
+			OnDivergence: replayv1.OnDivergence_ON_DIVERGENCE_LIVE})
+		if d := f.GetDivergence(); f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_DIVERGED || d.GetSeq() != 1 || d.GetKind() != replayv1.DivergenceKind_DIVERGENCE_KIND_MODEL {
+			t.Fatalf("%v (%s), divergence %v", f.GetStatus(), f.GetStatusReason(), d)
+		}
+		checkTrial(t, f, sessionv1.Harness_HARNESS_CODEX, "gpt-5.5")
+	})
+
+	before, err := s.replay.ListForks(ctx, &replayv1.ListForksRequest{Run: run})
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, c := range []struct {
 		pin  string
 		code codes.Code
+		says string
 	}{
-		{"nope@r1", codes.NotFound},
-		{"claude-ok@r9", codes.NotFound},
-		{"Not A Lock!", codes.InvalidArgument},
+		{"nope@r1", codes.NotFound, "nope"},
+		{"claude-pin@r9", codes.NotFound, "r9"},
+		{"Not A Lock!", codes.InvalidArgument, "NAME@rREVISION"},
+		{"bare", codes.FailedPrecondition, "pins no environment"},
+		{"elsewhere@r1", codes.NotFound, `environment "nowhere"`},
+		// Refused like a thaw: the CLI the sandboxes run is another version.
+		{"claude-old@r1", codes.FailedPrecondition, "pins claude 0.0.1"},
 	} {
 		_, err := s.replay.ForkRun(ctx, &replayv1.ForkRunRequest{Run: run, AtSeq: 1, PinSet: c.pin})
-		if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), "pin_set") || !strings.Contains(status.Convert(err).Message(), c.pin) {
-			t.Errorf("pin_set %q: %v, want %v naming pin_set and the lock", c.pin, err, c.code)
+		msg := status.Convert(err).Message()
+		if status.Code(err) != c.code || !strings.Contains(msg, "pin_set") || !strings.Contains(msg, c.pin) || !strings.Contains(msg, c.says) {
+			t.Errorf("pin_set %q: %v, want %v naming pin_set and the lock, saying %q", c.pin, err, c.code, c.says)
 		}
+	}
+	// Refused before any sandbox work: no fork was recorded.
+	if after, err := s.replay.ListForks(ctx, &replayv1.ListForksRequest{Run: run}); err != nil || len(after.GetForks()) != len(before.GetForks()) {
+		t.Errorf("forks of %s after the refusals: %d, want %d (%v)", run, len(after.GetForks()), len(before.GetForks()), err)
 	}
 }
 

@@ -284,13 +284,11 @@ func (m *Manager) Start(ctx context.Context, in Fork) (*replayv1.Fork, error) {
 		return nil, fault.FailedPrecondition("TAPE_WITHOUT_PROMPT", "the first request on run %s's tape holds no user prompt to start the replay with", r.GetId())
 	}
 	if in.PinSet != "" {
-		// The pin set's lock, at the revision it has now: the trials are
-		// thawed from that revision even after a restart.
-		lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: in.PinSet})
+		ref, err := m.checkPinSet(ctx, in.PinSet)
 		if err != nil {
-			return nil, pinSetError(in.PinSet, err)
+			return nil, err
 		}
-		f.PinSet = lock.GetLock().GetRef()
+		f.PinSet = ref
 	}
 	if _, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: r.GetSession()}); err != nil {
 		if fault.Status(err).Code() == codes.NotFound {
@@ -303,7 +301,7 @@ func (m *Manager) Start(ctx context.Context, in Fork) (*replayv1.Fork, error) {
 		id := f.Fork + "." + strconv.Itoa(i)
 		f.TrialIds = append(f.TrialIds, id)
 		f.Trials = append(f.Trials, &replayv1.Trial{Id: id, Fork: f.Fork, Source: "experiment", ForkOf: r.GetId(),
-			Status: replayv1.TrialStatus_TRIAL_STATUS_REPLAYING, Tainted: r.GetTainted(), CreatedAt: timestamppb.New(now)})
+			Status: replayv1.TrialStatus_TRIAL_STATUS_REPLAYING, Tainted: r.GetTainted(), CreatedAt: timestamppb.New(now), PinSet: f.PinSet})
 	}
 	settled := m.watch(f.Fork)
 	if err := m.o.Store.CreateFork(ctx, f); err != nil {
@@ -672,18 +670,42 @@ func (m *Manager) replaySession(ctx context.Context, f *replayv1.Fork, s *sessio
 		}); err != nil {
 			return stage("arming the gateway for the prefix session", err)
 		}
-		env, err := m.replayEnvironment(ctx, s.GetEnvironment())
+		req := &sessionv1.CreateSessionRequest{
+			Name: prefix, Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
+			BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetModel(),
+			// The taped steps make no model call; the budget only
+			// bounds what a broken replay could spend.
+			Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()},
+		}
+		envName := s.GetEnvironment()
+		if f.GetPinSet() != "" {
+			lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: f.GetPinSet()})
+			if err != nil {
+				return stage("reading the pin set", err)
+			}
+			// The pin set's environment, on the run's repository (the
+			// base commit is there).
+			envName = lock.GetLock().GetEnvironment()
+			if req.Repo == "" {
+				if req.Repo, err = m.environmentRepository(ctx, s.GetEnvironment()); err != nil {
+					return stage("reading the run's environment", err)
+				}
+			}
+			if lock.GetLock().GetHarness() != replayable[f.GetHarness()] {
+				// Another harness: the tape replays only on the CLI that
+				// made it, so the prefix runs the lock's harness and the
+				// gateway finds its first request is not the tape's (a
+				// divergence at step 1, kind model), by design.
+				req.Harness, req.Model, req.HarnessLock = sessionv1.Harness_HARNESS_UNSPECIFIED, "", f.GetPinSet()
+			}
+		}
+		env, err := m.replayEnvironment(ctx, envName)
 		if err != nil {
 			return stage("making the replay environment", err)
 		}
+		req.Environment = env
 		if err := m.retryUnavailable(ctx, func() error {
-			_, err := m.o.Sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
-				Name: prefix, Environment: env, Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
-				BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetModel(),
-				// The taped steps make no model call; the budget only
-				// bounds what a broken replay could spend.
-				Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()},
-			})
+			_, err := m.o.Sessions.CreateSession(ctx, req)
 			if fault.Status(err).Code() == codes.AlreadyExists {
 				return nil
 			}
@@ -850,31 +872,49 @@ func pinSetError(pinSet string, err error) error {
 	return fmt.Errorf("read harness lock %s: %w", pinSet, err)
 }
 
-// trialMessage is the first message of f's trials: ContinueMessage, or,
-// for a pin set on another harness than the run's (which has no
-// conversation to continue), the run's prompt with a note that the work
-// tree holds the work so far.
-func (m *Manager) trialMessage(ctx context.Context, f *replayv1.Fork) (string, error) {
-	if f.GetPinSet() == "" {
-		return ContinueMessage, nil
-	}
-	lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: f.GetPinSet()})
+// checkPinSet reads the pin set's harness lock and returns its exact
+// revision (the trials are thawed from it even after a restart). A pin
+// set is a lock with an environment, which must exist here, and whose CLI
+// version the environment's sandboxes run (checked as a thaw checks it,
+// before any sandbox work).
+func (m *Manager) checkPinSet(ctx context.Context, pinSet string) (string, error) {
+	resp, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: pinSet})
 	if err != nil {
-		return "", fmt.Errorf("read harness lock %s: %w", f.GetPinSet(), err)
+		return "", pinSetError(pinSet, err)
 	}
-	if replayable[f.GetHarness()] == lock.GetLock().GetHarness() {
-		return ContinueMessage, nil
+	lock := resp.GetLock()
+	if lock.GetEnvironment() == "" {
+		return "", fault.FailedPrecondition("PIN_SET_NO_ENVIRONMENT",
+			"pin_set %q: harness lock %s pins no environment: a pin set is a lock with an environment (add `environment: ENV` to its record in harnesses.lock.yaml)", pinSet, lock.GetRef())
 	}
-	tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
-	if err != nil || len(tape.GetSteps()) == 0 {
-		return "", fmt.Errorf("read the tape of %s: %w", f.GetRun(), err)
+	if m.o.Environments != nil {
+		if _, err := m.o.Environments.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: lock.GetEnvironment()}); err != nil {
+			if fault.Status(err).Code() == codes.NotFound {
+				return "", fault.NotFound("PIN_SET_ENVIRONMENT_NOT_FOUND", "pin_set %q: environment %q of harness lock %s does not exist here: apply it (hangar env apply) or pin another", pinSet, lock.GetEnvironment(), lock.GetRef())
+			}
+			return "", fmt.Errorf("get environment %s: %w", lock.GetEnvironment(), err)
+		}
 	}
-	return Prompt(tape.GetSteps()[0]) + "\n\n" + HandoffNote, nil
+	if _, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: lock.GetRef(), CheckCliEnvironment: lock.GetEnvironment()}); err != nil {
+		return "", pinSetError(pinSet, err)
+	}
+	return lock.GetRef(), nil
 }
 
-// HandoffNote follows the run's prompt in a trial on another harness than
-// the run's.
-const HandoffNote = "The work tree already holds the work done so far on this task by another agent: continue from where it stopped."
+// environmentRepository is the repository environment env's sessions work
+// on.
+func (m *Manager) environmentRepository(ctx context.Context, env string) (string, error) {
+	if m.o.Environments == nil {
+		return "", nil
+	}
+	var repo string
+	err := m.retryUnavailable(ctx, func() error {
+		resp, err := m.o.Environments.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: env})
+		repo = resp.GetEnvironment().GetRepository()
+		return err
+	})
+	return repo, err
+}
 
 // trialSession is the session trial n of fork runs in.
 func trialSession(fork string, n int) string { return fork + "-" + strconv.Itoa(n) }
@@ -903,10 +943,7 @@ func (m *Manager) startTrials(ctx context.Context, f *replayv1.Fork) error {
 		}
 		missing = missing[len(batch):]
 	}
-	message, err := m.trialMessage(ctx, f)
-	if err != nil {
-		return stage("reading the pin set", err)
-	}
+	message := ContinueMessage
 	b := f.GetBudget()
 	for i, t := range f.GetTrials() {
 		if t.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_REPLAYING {
