@@ -43,6 +43,11 @@ func replayStepCmd(k int) string {
 // a replay's tool output matches, its work tree does not.
 const replayNoiseCmd = `head -c 32 /dev/urandom > noise.bin && echo noise-done`
 
+// replayNoisyCmd is replayNoiseCmd as the first step of the replay
+// task's chain ("noisy steps task"): the tree differs from step 1 on, the
+// tool outputs never do.
+const replayNoisyCmd = `head -c 32 /dev/urandom > noise.bin && echo noisy-done`
+
 // replayTrialCmd is a trial's own work: it names its session (the sandbox
 // directory is named after it), so each trial's tree differs.
 const replayTrialCmd = `basename "$(dirname "$PWD")" > trial.txt && echo trial-done`
@@ -58,7 +63,9 @@ func replayNetCmd(port int) string {
 // replayScript: "replay task" is six chained tool steps, each answered on
 // the previous step's output; "clock task" prints the clock; "noise task"
 // writes random bytes; "network task" (when hostPort is not 0) reaches the
-// host's listener on hostPort; a trial's continuation writes trial.txt.
+// host's listener on hostPort; "noisy steps task" writes random bytes,
+// then does the replay task's steps; a trial's continuation writes
+// trial.txt.
 func replayScript(hostPort int) scripted.Script {
 	var rules []scripted.Rule
 	for _, c := range agentCLIs {
@@ -77,6 +84,9 @@ func replayScript(hostPort int) scripted.Script {
 			scripted.Rule{Name: c.tool + "-clock", Tool: c.tool, Prompt: "(?i)clock task", LastIsToolResult: scripted.Bool(false), Answer: call(`echo clock-$(date +%s%N)`)},
 			scripted.Rule{Name: c.tool + "-noise", Tool: c.tool, Prompt: "(?i)noise task", LastIsToolResult: scripted.Bool(false), Answer: call(replayNoiseCmd)},
 		)
+		rules = append(rules,
+			scripted.Rule{Name: c.tool + "-noisy-steps", Tool: c.tool, Prompt: "(?i)noisy steps task", LastIsToolResult: scripted.Bool(false), Answer: call(replayNoisyCmd)},
+			scripted.Rule{Name: c.tool + "-noisy-done", Tool: c.tool, ToolResult: "noisy-done", Answer: call(replayStepCmd(1))})
 		if hostPort != 0 {
 			rules = append(rules, scripted.Rule{Name: c.tool + "-net", Tool: c.tool, Prompt: "(?i)network task", LastIsToolResult: scripted.Bool(false), Answer: call(replayNetCmd(hostPort))})
 		}
@@ -357,6 +367,34 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 	second := s.waitTurn(t, name, 2)
 	if _, err := s.replay.ForkRun(ctx, &replayv1.ForkRunRequest{Run: second.GetRunId(), AtSeq: 1}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "first run") {
 		t.Errorf("fork of a second turn's run: %v", err)
+	}
+}
+
+// TestForkAtStepTreeLocalised: a prefix's work tree is checked at its
+// end only (tree_check_at_end), so a step early in the prefix that writes
+// random bytes (and prints the same) is seen at the end; replay-svc's
+// second replay, hashing every step, puts the tree divergence at the
+// request after that step, as a check at every step would.
+func TestForkAtStepTreeLocalised(t *testing.T) {
+	s := replayStart(t)
+	for _, h := range agentCLIs {
+		t.Run(h.name, func(t *testing.T) {
+			run, steps := s.record(t, "noisy-"+h.name, h.harness, "Please do the noisy steps task.")
+			after := int32(0)
+			for _, st := range steps {
+				if strings.Contains(string(st.GetRequest().GetBody()), "noisy-done") {
+					after = st.GetSeq()
+					break
+				}
+			}
+			if after == 0 || int(after) >= len(steps)-1 {
+				t.Fatalf("the request after the noisy step is %d of %d", after, len(steps))
+			}
+			f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: int32(len(steps)), Continuations: proto.Int32(0)})
+			if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_DIVERGED || f.GetDivergence().GetKind() != replayv1.DivergenceKind_DIVERGENCE_KIND_TREE || f.GetDivergence().GetSeq() != after {
+				t.Errorf("noisy replay: %v (%s), divergence %v, want tree at %d", f.GetStatus(), f.GetStatusReason(), f.GetDivergence(), after)
+			}
+		})
 	}
 }
 

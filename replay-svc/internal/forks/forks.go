@@ -573,27 +573,106 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 		return stage("reading the run's session", err)
 	}
 	prefix := f.GetPrefixSession()
+	// The prefix's tree is checked at its end only (its replayed answers
+	// wait for no tree hash); a tree divergence is localised after.
+	if err := m.replaySession(ctx, f, src.GetSession(), run.GetRun(), prefix, &gatewayv1.Replay{
+		TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
+		AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP, TreeCheckAtEnd: true,
+	}); err != nil {
+		return err
+	}
+	turn, err := m.waitTurn(ctx, prefix, 1)
+	if err != nil {
+		return stage("waiting for the prefix session's turn", err)
+	}
+	if turn.GetRunId() == "" {
+		return userError(fmt.Sprintf("the prefix session's turn ended before its model run started: %s", turn.GetOutcomeReason()))
+	}
+	div, err := m.o.Gateway.GetDivergence(ctx, &gatewayv1.GetDivergenceRequest{Run: turn.GetRunId()})
+	if err != nil {
+		return stage("reading the prefix run's divergence", err)
+	}
+	if div.GetDivergence() == nil && div.GetReplayedSteps() < f.GetAtSeq() {
+		// Stopped half way without a divergence (a restart drained it,
+		// the harness died): rebuild again in a fresh session, a few
+		// times at most.
+		attempt := prefixAttempt(f.GetFork(), prefix)
+		if attempt >= maxPrefixAttempts {
+			return userError(fmt.Sprintf("the prefix replay stopped short %d times (last after %d of %d steps, without a divergence): %s",
+				attempt, div.GetReplayedSteps(), f.GetAtSeq(), strings.TrimSpace(turn.GetOutcomeReason())))
+		}
+		f.PrefixSession = fmt.Sprintf("%s-prefix-%d", f.GetFork(), attempt+1)
+		m.saveFork(ctx, f)
+		return m.rebuild(ctx, f)
+	}
+	if d := div.GetDivergence(); d.GetKind() == gatewayv1.DivergenceKind_DIVERGENCE_KIND_TREE && f.GetAtSeq() > 1 {
+		loc, err := m.localiseTree(ctx, f, src.GetSession(), run.GetRun(), prefix, d)
+		if err != nil {
+			return err
+		}
+		div.Divergence = loc
+	}
+	f.ReplayedSteps = div.GetReplayedSteps()
+	if d := div.GetDivergence(); d != nil {
+		f.Divergence = &replayv1.Divergence{Seq: d.GetSeq(), Kind: replayv1.DivergenceKind(d.GetKind()), Detail: d.GetDetail(),
+			Expected: d.GetExpected(), Actual: d.GetActual()}
+		if len(f.GetTrialIds()) > 0 {
+			f.Divergence.Trial = f.GetTrialIds()[0]
+		}
+	}
+	if f.GetDivergence() != nil {
+		f.Status = replayv1.ForkStatus_FORK_STATUS_DIVERGED
+		f.StatusReason = fmt.Sprintf("the replay diverged at step %d", f.GetDivergence().GetSeq())
+	}
+	if f.GetContinuations() == 0 {
+		if f.GetDivergence() == nil {
+			f.Status = replayv1.ForkStatus_FORK_STATUS_VERIFIED
+			f.StatusReason = fmt.Sprintf("steps 1-%d reproduced", f.GetAtSeq())
+		}
+		m.saveFork(ctx, f)
+		return nil
+	}
+	if f.GetDivergence() != nil && f.GetOnDivergence() != replayv1.OnDivergence_ON_DIVERGENCE_LIVE {
+		for _, t := range f.GetTrials() {
+			t.Status, t.Divergence, t.EndedAt = replayv1.TrialStatus_TRIAL_STATUS_DIVERGED, f.GetDivergence(), timestamppb.New(m.o.Now())
+			m.saveTrial(ctx, t)
+		}
+		m.saveFork(ctx, f)
+		return nil
+	}
+	if err := m.startTrials(ctx, f); err != nil {
+		return err
+	}
+	if f.GetDivergence() == nil {
+		f.Status = replayv1.ForkStatus_FORK_STATUS_FORKED
+		f.StatusReason = ""
+	}
+	m.saveFork(ctx, f)
+	return nil
+}
+
+// replaySession starts (or finds started) the session prefix that
+// replays f's run as rp says: armed on the gateway, created on the run's
+// sealed replay environment at the run's base commit with the run's
+// harness, model and prompt, its first turn sent. It is idempotent.
+func (m *Manager) replaySession(ctx context.Context, f *replayv1.Fork, s *sessionv1.Session, run *gatewayv1.Run, prefix string, rp *gatewayv1.Replay) error {
 	if _, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: prefix}); fault.Status(err).Code() == codes.NotFound {
 		tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
 		if err != nil || len(tape.GetSteps()) == 0 {
 			return userError(fmt.Sprintf("the tape of run %s could not be read: it may have expired", f.GetRun()))
 		}
-		// Arm the gateway first: the prefix session's first run replays
-		// from its first call, and stops after checking the request that
+		// Arm the gateway first: the session's first run replays from
+		// its first call, and stops after checking the request that
 		// follows step N.
 		if err := m.retryUnavailable(ctx, func() error {
-			_, err := m.o.Gateway.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: prefix, Replay: &gatewayv1.Replay{
-				TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
-				AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP,
-			}})
+			_, err := m.o.Gateway.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: prefix, Replay: rp})
 			return err
 		}); err != nil {
 			return stage("arming the gateway for the prefix session", err)
 		}
-		s := src.GetSession()
 		req := &sessionv1.CreateSessionRequest{
 			Name: prefix, Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
-			BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetRun().GetModel(),
+			BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetModel(),
 			// The taped steps make no model call; the budget only
 			// bounds what a broken replay could spend.
 			Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()},
@@ -653,67 +732,40 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 			return stage("starting the prefix session's turn", err)
 		}
 	}
-	turn, err := m.waitTurn(ctx, prefix, 1)
+	return nil
+}
+
+// localiseTree finds the step that left another work tree than the run
+// recorded, for a tree divergence d the prefix saw at its end (its tree is
+// hashed only at its last two requests, so d's step is where the
+// difference was seen, not where it was made): a second replay, session
+// <prefix>-tree, of steps 1..d.seq-1 hashes the tree at every step and
+// stops at the first difference. Its divergence, when it has one at or
+// before d's step (of any kind: it is the same replay), is the fork's;
+// else d (a difference the second replay did not reproduce).
+func (m *Manager) localiseTree(ctx context.Context, f *replayv1.Fork, s *sessionv1.Session, run *gatewayv1.Run, prefix string, d *gatewayv1.Divergence) (*gatewayv1.Divergence, error) {
+	name := prefix + "-tree"
+	if err := m.replaySession(ctx, f, s, run, name, &gatewayv1.Replay{
+		TapeRun: f.GetRun(), AtSeq: d.GetSeq() - 1, OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
+		AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP,
+	}); err != nil {
+		return nil, err
+	}
+	turn, err := m.waitTurn(ctx, name, 1)
 	if err != nil {
-		return stage("waiting for the prefix session's turn", err)
+		return nil, stage("waiting for the tree divergence's second replay", err)
 	}
 	if turn.GetRunId() == "" {
-		return userError(fmt.Sprintf("the prefix session's turn ended before its model run started: %s", turn.GetOutcomeReason()))
+		return d, nil
 	}
-	div, err := m.o.Gateway.GetDivergence(ctx, &gatewayv1.GetDivergenceRequest{Run: turn.GetRunId()})
+	got, err := m.o.Gateway.GetDivergence(ctx, &gatewayv1.GetDivergenceRequest{Run: turn.GetRunId()})
 	if err != nil {
-		return stage("reading the prefix run's divergence", err)
+		return nil, stage("reading the second replay's divergence", err)
 	}
-	if div.GetDivergence() == nil && div.GetReplayedSteps() < f.GetAtSeq() {
-		// Stopped half way without a divergence (a restart drained it,
-		// the harness died): rebuild again in a fresh session, a few
-		// times at most.
-		attempt := prefixAttempt(f.GetFork(), prefix)
-		if attempt >= maxPrefixAttempts {
-			return userError(fmt.Sprintf("the prefix replay stopped short %d times (last after %d of %d steps, without a divergence): %s",
-				attempt, div.GetReplayedSteps(), f.GetAtSeq(), strings.TrimSpace(turn.GetOutcomeReason())))
-		}
-		f.PrefixSession = fmt.Sprintf("%s-prefix-%d", f.GetFork(), attempt+1)
-		m.saveFork(ctx, f)
-		return m.rebuild(ctx, f)
+	if l := got.GetDivergence(); l != nil && l.GetSeq() <= d.GetSeq() {
+		return l, nil
 	}
-	f.ReplayedSteps = div.GetReplayedSteps()
-	if d := div.GetDivergence(); d != nil {
-		f.Divergence = &replayv1.Divergence{Seq: d.GetSeq(), Kind: replayv1.DivergenceKind(d.GetKind()), Detail: d.GetDetail(),
-			Expected: d.GetExpected(), Actual: d.GetActual()}
-		if len(f.GetTrialIds()) > 0 {
-			f.Divergence.Trial = f.GetTrialIds()[0]
-		}
-	}
-	if f.GetDivergence() != nil {
-		f.Status = replayv1.ForkStatus_FORK_STATUS_DIVERGED
-		f.StatusReason = fmt.Sprintf("the replay diverged at step %d", f.GetDivergence().GetSeq())
-	}
-	if f.GetContinuations() == 0 {
-		if f.GetDivergence() == nil {
-			f.Status = replayv1.ForkStatus_FORK_STATUS_VERIFIED
-			f.StatusReason = fmt.Sprintf("steps 1-%d reproduced", f.GetAtSeq())
-		}
-		m.saveFork(ctx, f)
-		return nil
-	}
-	if f.GetDivergence() != nil && f.GetOnDivergence() != replayv1.OnDivergence_ON_DIVERGENCE_LIVE {
-		for _, t := range f.GetTrials() {
-			t.Status, t.Divergence, t.EndedAt = replayv1.TrialStatus_TRIAL_STATUS_DIVERGED, f.GetDivergence(), timestamppb.New(m.o.Now())
-			m.saveTrial(ctx, t)
-		}
-		m.saveFork(ctx, f)
-		return nil
-	}
-	if err := m.startTrials(ctx, f); err != nil {
-		return err
-	}
-	if f.GetDivergence() == nil {
-		f.Status = replayv1.ForkStatus_FORK_STATUS_FORKED
-		f.StatusReason = ""
-	}
-	m.saveFork(ctx, f)
-	return nil
+	return d, nil
 }
 
 // maxPrefixAttempts bounds how often an interrupted prefix is rebuilt.
@@ -759,11 +811,32 @@ func (m *Manager) replayEnvironment(ctx context.Context, env string) (string, er
 	}); err != nil {
 		return "", fmt.Errorf("get environment %s: %w", env, err)
 	}
-	if src.GetEgress() == sandboxv1.Egress_EGRESS_NONE && len(src.GetEnv()) == 0 && src.GetWarmPoolSize() == 0 {
+	if sealedEnvironment(src) {
 		return env, nil
 	}
+	name := ReplayEnvironment(env)
+	if name == env && len(env)+len("-replay") <= 63 {
+		name = env + "-replay" // an open environment named like a sealed one
+	}
+	// Never overwrite an environment that is not sealed (a user's own
+	// environment that happens to have the name): it would lose its
+	// egress and its variables.
+	var existing *sandboxv1.Environment
+	if err := m.retryUnavailable(ctx, func() error {
+		resp, err := m.o.Environments.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: name})
+		if fault.Status(err).Code() == codes.NotFound {
+			return nil
+		}
+		existing = resp.GetEnvironment()
+		return err
+	}); err != nil {
+		return "", fmt.Errorf("get environment %s: %w", name, err)
+	}
+	if existing != nil && !sealedEnvironment(existing) {
+		return "", userError(fmt.Sprintf("the replay environment of %s would be %s, an environment that is not sealed (egress, variables or a warm pool): rename it to fork this run", env, name))
+	}
 	sealed := &sandboxv1.Environment{
-		Name: ReplayEnvironment(env), Repository: src.GetRepository(), BaseRef: src.GetBaseRef(), Setup: src.GetSetup(),
+		Name: name, Repository: src.GetRepository(), BaseRef: src.GetBaseRef(), Setup: src.GetSetup(),
 		Egress: sandboxv1.Egress_EGRESS_NONE, Resources: src.GetResources(), Driver: src.GetDriver(), Image: src.GetImage(),
 		CacheTtl: src.GetCacheTtl(),
 	}
@@ -774,6 +847,12 @@ func (m *Manager) replayEnvironment(ctx context.Context, env string) (string, er
 		return "", fmt.Errorf("apply environment %s: %w", sealed.GetName(), err)
 	}
 	return sealed.GetName(), nil
+}
+
+// sealedEnvironment reports whether e is as a replay's environment must
+// be: egress none, no variables, no warm pool.
+func sealedEnvironment(e *sandboxv1.Environment) bool {
+	return e.GetEgress() == sandboxv1.Egress_EGRESS_NONE && len(e.GetEnv()) == 0 && e.GetWarmPoolSize() == 0
 }
 
 // pinSetError is the answer to a pin_set whose lock cannot be read: the
@@ -872,6 +951,18 @@ func (m *Manager) startTrials(ctx context.Context, f *replayv1.Fork) error {
 		}
 		t.Session = trialSession(f.GetFork(), i+1)
 		t.Divergence = f.GetDivergence()
+		// The trial's conversation holds the replay's calls with outside
+		// effects (MCP, web fetch), which failed in the sealed sandbox:
+		// every run of the trial's session shows the model the tape's
+		// outputs instead.
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Gateway.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: t.GetSession(), Replay: &gatewayv1.Replay{
+				TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OutsideOnly: true,
+			}})
+			return err
+		}); err != nil {
+			return stage("arming the gateway for trial "+t.GetId(), err)
+		}
 		var turn *sessionv1.Turn
 		err := m.retry(ctx, func() error {
 			resp, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: t.GetSession(), Message: message,
