@@ -81,7 +81,49 @@ const (
 	// CommandFromLocal: FromLocalRequest → nothing; ExitBaseMissing when
 	// the repository lacks the local base commit.
 	CommandFromLocal = "from-local"
+
+	// The commands a driver without host access to the sandbox (a pod)
+	// runs its own steps with, so the sandbox needs no shell or coreutils.
+
+	// CommandClone: CloneRequest, then the bundle when Bundled →
+	// CloneResponse; ExitBaseMissing when the ref is not found.
+	CommandClone = "clone"
+	// CommandFile: FileRequest, then the content for FileWrite → a
+	// FileResponse line, then the content for FileRead; ExitNotFound,
+	// ExitOutside, ExitIsDir, ExitNotDir or ExitTooLarge say why not.
+	CommandFile = "file"
+
+	// The commands whose request is the command line's third argument
+	// (the same Envelope, not a stdin line): their stdin is not theirs
+	// (Exec's belongs to the command it starts), or they have none.
+
+	// CommandExec: ExecRequest. Starts the command, in a session of its own
+	// unless Replace, and exits with its status (128+n for signal n);
+	// 126: the directory is missing, 127: the command is not found.
+	CommandExec = "exec"
+	// CommandSignal: SignalRequest → nothing.
+	CommandSignal = "signal"
+	// CommandKillAll: no request. Kills every process it may but pid 1.
+	CommandKillAll = "kill-all"
+	// CommandHold: HoldRequest. A pod's pid 1: makes the run directory
+	// and waits forever, ignoring TERM (a pod being deleted by someone
+	// else stays whole through its grace period, for its destroy hooks).
+	CommandHold = "hold"
+	// CommandInstall: InstallRequest. Copies the tool into Dir, with the
+	// agent's name beside it (an init container's job).
+	CommandInstall = "install"
 )
+
+// ArgvRequest is the command line that runs an argv command (CommandExec,
+// CommandSignal, CommandKillAll, CommandHold, CommandInstall) with args as
+// its request, the tool at binary.
+func ArgvRequest(binary, command string, args any) ([]string, error) {
+	line, err := Request(args)
+	if err != nil {
+		return nil, err
+	}
+	return []string{binary, command, string(bytes.TrimSuffix(line, []byte("\n")))}, nil
+}
 
 // Exit codes.
 const (
@@ -101,6 +143,17 @@ const (
 	// ExitUnsafePath: a tarball entry would be written through a
 	// symbolic link.
 	ExitUnsafePath = 13
+	// ExitNotFound: CommandFile's path does not exist.
+	ExitNotFound = 14
+	// ExitOutside: CommandFile's path leaves the root (through a link).
+	ExitOutside = 15
+	// ExitIsDir: CommandFile's path is a directory.
+	ExitIsDir = 16
+	// ExitNotDir: CommandFile's path is not a directory (list), or a
+	// parent could not be made (write).
+	ExitNotDir = 17
+	// ExitTooLarge: CommandFile's file is over the limit.
+	ExitTooLarge = 18
 )
 
 // Envelope is the request line.
@@ -445,4 +498,89 @@ type FromLocalRequest struct {
 	Dir     string `json:"dir"`
 	Branch  string `json:"branch"`
 	Base    string `json:"base"`
+}
+
+// CloneRequest: clone Repository into WorkDir (which must be empty or
+// missing) and check out Ref detached; WorkDir and HomeDir are made
+// first. Bundled: the repository comes as a git bundle after the request
+// line (it is a path the sandbox cannot see); origin is then set to
+// Repository.
+type CloneRequest struct {
+	Repository string `json:"repository"`
+	Ref        string `json:"ref"`
+	WorkDir    string `json:"work_dir"`
+	HomeDir    string `json:"home_dir,omitempty"`
+	Bundled    bool   `json:"bundled,omitempty"`
+}
+
+// CloneResponse is the commit checked out.
+type CloneResponse struct {
+	Commit string `json:"commit"`
+}
+
+// File operations.
+const (
+	// FileStat: the path, its final component not followed.
+	FileStat = "stat"
+	// FileRead: the file's content, links followed.
+	FileRead = "read"
+	// FileWrite: create or replace the file (parents made) with Mode.
+	FileWrite = "write"
+	// FileList: the directory's entries.
+	FileList = "list"
+)
+
+// FileRequest is one file operation on Path, an absolute path that, with
+// every link resolved, must stay under Root.
+type FileRequest struct {
+	Op    string `json:"op"`
+	Root  string `json:"root"`
+	Path  string `json:"path"`
+	Limit int64  `json:"limit,omitempty"`
+	Mode  uint32 `json:"mode,omitempty"`
+}
+
+// FileStatus is one file's lstat: Mode is the raw st_mode.
+type FileStatus struct {
+	Name  Name   `json:"name,omitempty"`
+	Mode  uint32 `json:"mode"`
+	Size  int64  `json:"size"`
+	MTime int64  `json:"mtime"`
+	Link  Name   `json:"link,omitempty"`
+}
+
+// FileResponse: File for stat, read and write; Entries for list.
+type FileResponse struct {
+	File    *FileStatus  `json:"file,omitempty"`
+	Entries []FileStatus `json:"entries,omitempty"`
+}
+
+// ExecRequest starts Argv in Dir with exactly Env. RunFile receives the
+// pid of the process (the id of its process group) while it runs.
+// Replace: the tool becomes the command (exec), writing its own pid, and
+// a missing Dir is not an error (a terminal starts anyway).
+type ExecRequest struct {
+	RunFile string   `json:"run_file"`
+	Dir     string   `json:"dir"`
+	Env     []string `json:"env"`
+	Argv    []string `json:"argv"`
+	Replace bool     `json:"replace,omitempty"`
+}
+
+// SignalRequest sends Signal (a name: TERM, KILL, ...) to the process
+// group in RunFile, waiting up to 5 s for the file to be written; none
+// by then: nothing to signal.
+type SignalRequest struct {
+	Signal  string `json:"signal"`
+	RunFile string `json:"run_file"`
+}
+
+// HoldRequest names the run directory CommandHold makes.
+type HoldRequest struct {
+	RunDir string `json:"run_dir"`
+}
+
+// InstallRequest names the directory CommandInstall copies the tool into.
+type InstallRequest struct {
+	Dir string `json:"dir"`
 }

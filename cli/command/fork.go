@@ -112,7 +112,7 @@ func runForkCommand(streams Streams, lookupEnv func(string) (string, bool)) *cob
 	int32Flag(cmd.Flags(), &k, "continuations", "k", 1, 0, 10, "live continuations (trials), 0 only verifies the prefix")
 	cmd.Flags().StringVar(&onDivergence, "on-divergence", "stop", "at a divergence: stop (the trials end) or live (they go on live)")
 	cmd.Flags().Float64Var(&maxCost, "max-cost-usd", 5, "each continuation's budget")
-	cmd.Flags().StringVar(&pinSet, "pin-set", "", "continue the trials thawed from this harness lock (NAME@rN; the prefix replays on the run's harness)")
+	cmd.Flags().StringVar(&pinSet, "pin-set", "", "continue with this pin set: a harness lock with an environment (NAME@rN); one on another harness diverges at step 1")
 	cmd.Flags().BoolVarP(&wait, "wait", "w", false, "wait for the prefix and every trial to end")
 	int32Flag(cmd.Flags(), &waitSeconds, "wait-seconds", "", 0, 0, math.MaxInt32, "answer once the prefix settled or after this long (0: at once)")
 	_ = cmd.MarkFlagRequired("at")
@@ -160,13 +160,20 @@ func forkWrite(streams Streams, f *replayv1.Fork) {
 	if f.GetTainted() {
 		fmt.Fprintln(streams.Out, "  tainted: the tape came from untrusted input")
 	}
+	if p := f.GetPinSet(); p != "" {
+		fmt.Fprintf(streams.Out, "  pin set %s\n", p)
+	}
 	for _, t := range f.GetTrials() {
 		trialWrite(streams, t)
 	}
 }
 
 func trialWrite(streams Streams, t *replayv1.Trial) {
-	fmt.Fprintf(streams.Out, "  %s  %s  %s  session %s  $%.4f\n", t.GetId(), trialStatusName(t.GetStatus()), trialOutcomeName(t.GetOutcome()), orDash(t.GetSession()), t.GetCostUsd())
+	pin := ""
+	if p := t.GetPinSet(); p != "" {
+		pin = "  pin set " + p
+	}
+	fmt.Fprintf(streams.Out, "  %s  %s  %s  session %s  $%.4f%s\n", t.GetId(), trialStatusName(t.GetStatus()), trialOutcomeName(t.GetOutcome()), orDash(t.GetSession()), t.GetCostUsd(), pin)
 }
 
 // forkCommand is `hangar fork get|list`.

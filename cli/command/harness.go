@@ -98,6 +98,9 @@ func harnessLockGetCommand(streams Streams, lookupEnv func(string) (string, bool
 					fmt.Fprintf(tw, "model\t%s\n", l.GetModel())
 					fmt.Fprintf(tw, "approvals\t%s\n", harnessApprovalsLabel(l.GetApprovals()))
 					fmt.Fprintf(tw, "cli version\t%s\n", l.GetCliVersion())
+					if l.GetEnvironment() != "" {
+						fmt.Fprintf(tw, "environment\t%s (pin sets)\n", l.GetEnvironment())
+					}
 					fmt.Fprintf(tw, "read at\t%s\n", sessionShortCommit(l.GetCommit()))
 					return tw.Flush()
 				})

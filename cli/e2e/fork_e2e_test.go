@@ -10,6 +10,7 @@ import (
 	"github.com/hangar-dev/hangar/api/sandboxexec"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -702,10 +703,29 @@ func benchmarkForkFanOut(b *testing.B, isolation string) {
 // BenchmarkForkFanOutTurns (issue 16): `fork -n N` with a message, timed
 // until every fork's first turn (the real Claude Code against the
 // scripted upstream) has completed, for N=1 and N=8 alternately; reports
-// each and N8/N1 (target <= 1.5).
+// each and N8/N1 (target <= 1.5). Beside them, in the same iterations, N
+// bare Claude Code turns run by hand in parallel (each in its own clone
+// and HOME, no hangar) against the same upstream: bare-N8/N1 is the
+// machine's own floor for N8/N1 (8 CLI starts on its cores), bare-cpu-ms
+// what one CLI turn costs its cores (N8 can't be under 8 x that / cores),
+// and N=n-minus-bare the part of each that is hangar's.
 func BenchmarkForkFanOutTurns(b *testing.B) {
 	s := forkStart(b, nil)
 	ctx := context.Background()
+	claude := filepath.Join(os.Getenv("HANGAR_HARNESS_DIR"), harnessClaude)
+	modelURL := s.ctl.vars["HANGAR_ANTHROPIC_URL"]
+	bareRepo := gitRepo(b, nil)
+	type bareDir struct{ work, home string }
+	bares := make([]bareDir, 8)
+	for i := range bares {
+		bares[i] = bareDir{filepath.Join(b.TempDir(), "work"), b.TempDir()}
+		if out, err := exec.Command("git", "clone", "-q", bareRepo, bares[i].work).CombinedOutput(); err != nil {
+			b.Fatalf("clone: %v %s", err, out)
+		}
+	}
+	bareTook := make([]time.Duration, 2)
+	var bareCPU time.Duration
+	bareRuns := 0
 	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "fant", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE}); err != nil {
 		b.Fatal(err)
 	}
@@ -743,6 +763,20 @@ func BenchmarkForkFanOutTurns(b *testing.B) {
 			wg.Wait()
 			took[at] += time.Since(t0)
 			made = append(made, names...)
+
+			t0 = time.Now()
+			var mu sync.Mutex
+			for _, d := range bares[:n] {
+				wg.Go(func() {
+					_, cpu := bareClaude(b, claude, d.work, d.home, modelURL, "Say OK.")
+					mu.Lock()
+					bareCPU += cpu
+					bareRuns++
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			bareTook[at] += time.Since(t0)
 		}
 	}
 	b.StopTimer()
@@ -751,8 +785,15 @@ func BenchmarkForkFanOutTurns(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	perOp := func(d time.Duration) float64 { return float64(d.Milliseconds()) / float64(b.N) }
 	for i, n := range ns {
-		b.ReportMetric(float64(took[i].Milliseconds())/float64(b.N), fmt.Sprintf("N=%d-ms", n))
+		b.ReportMetric(perOp(took[i]), fmt.Sprintf("N=%d-ms", n))
+		b.ReportMetric(perOp(bareTook[i]), fmt.Sprintf("bare-N=%d-ms", n))
+		b.ReportMetric(perOp(took[i]-bareTook[i]), fmt.Sprintf("N=%d-minus-bare-ms", n))
 	}
 	b.ReportMetric(float64(took[1])/float64(took[0]), "N8/N1")
+	b.ReportMetric(float64(bareTook[1])/float64(bareTook[0]), "bare-N8/N1")
+	// What one CLI turn costs the machine's cores: N of them in parallel
+	// can't end before N times this over the cores.
+	b.ReportMetric(float64(bareCPU.Milliseconds())/float64(max(bareRuns, 1)), "bare-cpu-ms/CLI")
 }

@@ -335,6 +335,9 @@ func mcpRunEveryTool(t *testing.T, s *stack, c *mcpClient, name string, stdio bo
 	if _, parts := c.callFails(t, "fork_run", map[string]any{"run": run, "at_seq": 100000}); parts["field"] != "at_seq" || parts["code"] != "INVALID_ARGUMENT" {
 		t.Errorf("fork_run past the tape's end: %v, want INVALID_ARGUMENT naming at_seq", parts)
 	}
+	if _, parts := c.callFails(t, "fork_run", map[string]any{"run": run, "at_seq": 0, "pin_set": "Not A Lock!"}); parts["field"] != "pin_set" || parts["code"] != "INVALID_ARGUMENT" {
+		t.Errorf("fork_run with a malformed pin_set: %v, want INVALID_ARGUMENT naming pin_set", parts)
+	}
 	if _, parts := c.callFails(t, "get_fork", map[string]any{"fork": "no-such-fork"}); parts["code"] != "NOT_FOUND" {
 		t.Errorf("get_fork of an unknown fork: %v, want NOT_FOUND", parts)
 	}

@@ -17,6 +17,28 @@ import (
 	"github.com/hangar-dev/hangar/api/sandboxtool"
 )
 
+// recordTimed records session name's first run (Claude Code, the replay
+// task) and returns the time from CreateSession to its turn's end (the
+// turn's result on WaitForTurn's stream), the turn and the run's tape.
+func recordTimed(b *testing.B, s *stack, name string) (time.Duration, *sessionv1.Turn, *gatewayv1.GetTapeResponse) {
+	b.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: name, Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Please do the replay task."}); err != nil {
+		b.Fatal(err)
+	}
+	turn := s.waitTurn(b, name, 1)
+	wall := time.Since(start)
+	if turn.GetOutcome() != sessionv1.TurnOutcome_TURN_OUTCOME_COMPLETED || turn.GetRunId() == "" {
+		b.Fatalf("turn 1 of %s: %v (%s), run %q", name, turn.GetOutcome(), turn.GetOutcomeReason(), turn.GetRunId())
+	}
+	tape, err := s.gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: turn.GetRunId()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return wall, turn, tape
+}
+
 // tapeToolTime is the run's own time between answers and the next
 // requests for steps 1..n: the tools and the harness between two calls.
 func tapeToolTime(steps []*gatewayv1.Step, n int) time.Duration {
@@ -33,7 +55,10 @@ func tapeToolTime(steps []*gatewayv1.Step, n int) time.Duration {
 // ForkRun to verified) against the recorded run's own tool time for steps
 // 1..N (prefix: means over the loop; step-overhead-ms is the replay's span
 // of steps 1..N over the run's tool time, per step; fixed-ms the rest of
-// ForkRun to verified), and the time to forked (prefix
+// ForkRun to verified), against the same run's own wall time measured the
+// same way less its model calls (rec-nonmodel-ms: like for like, the same
+// sandbox boot, harness start and settle; each prefix forks a recording
+// made just before it), and the time to forked (prefix
 // rebuilt, k trial sessions copied and started) for k = 1, 4, 10 (k).
 //
 //	go test -run '^$' -bench BenchmarkForkAtStep -benchtime 1x ./e2e/
@@ -45,14 +70,9 @@ func BenchmarkForkAtStep(b *testing.B) {
 	rs := &replayStack{stack: s}
 	rs.replay = dialReplayTB(b, s)
 	ctx := context.Background()
-	if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: "bench-rec", Environment: "e2e", Harness: sessionv1.Harness_HARNESS_CLAUDE, Message: "Please do the replay task."}); err != nil {
-		b.Fatal(err)
-	}
-	turn := s.waitTurn(b, "bench-rec", 1)
-	tape, err := s.gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: turn.GetRunId()})
-	if err != nil {
-		b.Fatal(err)
-	}
+	// The stack's first recording (a warm-up: caches, first CLI start)
+	// is forked for k; each prefix below has a recording of its own.
+	_, turn, tape := recordTimed(b, s, "bench-rec")
 	steps := tape.GetSteps()
 	n := len(steps)
 	settle := func(req *replayv1.ForkRunRequest, until func(*replayv1.Fork) bool) (time.Duration, *replayv1.Fork) {
@@ -77,35 +97,46 @@ func BenchmarkForkAtStep(b *testing.B) {
 	}
 	notReplaying := func(f *replayv1.Fork) bool { return f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_REPLAYING }
 	allEnded := func(f *replayv1.Fork) bool { return notReplaying(f) && forkTrialsEnded(f) }
-	tool := tapeToolTime(steps, n)
-	var runLatency time.Duration
-	for _, st := range steps[:n] {
-		runLatency += time.Duration(st.GetLatencyMs()) * time.Millisecond
-	}
 	hash, exec := treeHashTime(b, rs, turn.GetRunId())
 	b.Run("prefix", func(b *testing.B) {
-		var d, span, latency time.Duration
+		var d, span, latency, tool, runLatency, rec time.Duration
 		runs := 0
 		for b.Loop() {
-			got, f := settle(&replayv1.ForkRunRequest{Run: turn.GetRunId(), AtSeq: int32(n), Continuations: proto.Int32(0), WaitSeconds: 600}, notReplaying)
+			// A recording of its own for each prefix, measured the same
+			// way (the call that starts it to its end), so the two are
+			// taken under the same load.
+			wall, rturn, rtape := recordTimed(b, s, fmt.Sprintf("bench-rec-%d", runs))
+			rsteps := rtape.GetSteps()
+			if len(rsteps) != n {
+				b.Fatalf("recording %d taped %d steps, want %d", runs, len(rsteps), n)
+			}
+			var lat time.Duration
+			for _, st := range rsteps[:n] {
+				lat += time.Duration(st.GetLatencyMs()) * time.Millisecond
+			}
+			runLatency += lat
+			rec += wall - lat
+			tool += tapeToolTime(rsteps, n)
+			got, f := settle(&replayv1.ForkRunRequest{Run: rturn.GetRunId(), AtSeq: int32(n), Continuations: proto.Int32(0), WaitSeconds: 600}, notReplaying)
 			if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_VERIFIED {
 				b.Fatalf("verify: %v (%s)", f.GetStatus(), f.GetStatusReason())
 			}
 			d += got
 			// The replay's own tape: its span from the first request to
 			// the last answer, and the gateway's time on each step.
-			rsteps := prefixTape(b, rs, f)
-			if len(rsteps) < n {
-				b.Fatalf("the prefix run taped %d steps, want %d", len(rsteps), n)
+			psteps := prefixTape(b, rs, f)
+			if len(psteps) < n {
+				b.Fatalf("the prefix run taped %d steps, want %d", len(psteps), n)
 			}
-			first, last := rsteps[0], rsteps[n-1]
+			first, last := psteps[0], psteps[n-1]
 			span += last.GetTime().AsTime().Add(time.Duration(last.GetLatencyMs()) * time.Millisecond).Sub(first.GetTime().AsTime())
-			for _, st := range rsteps[:n] {
+			for _, st := range psteps[:n] {
 				latency += time.Duration(st.GetLatencyMs()) * time.Millisecond
 			}
 			runs++
 		}
-		d, span, latency = d/time.Duration(runs), span/time.Duration(runs), latency/time.Duration(runs)
+		per := func(v time.Duration) time.Duration { return v / time.Duration(runs) }
+		d, span, latency, tool, runLatency, rec = per(d), per(span), per(latency), per(tool), per(runLatency), per(rec)
 		// prefix: ForkRun to verified, all in; fixed: the part before the
 		// replay's first request and after its last answer (the sealed
 		// environment, the sandbox, the harness's start, the settle);
@@ -116,7 +147,16 @@ func BenchmarkForkAtStep(b *testing.B) {
 		// the recording (the scripted upstream, the tree hash); tree-hash:
 		// one `hangar-sandbox tree-hash` exec, as the gateway runs it;
 		// exec-true: an exec of `true` there (the floor of any exec).
+		// rec-nonmodel: the recording's own wall time from CreateSession
+		// to its turn's end less its model calls (the steps' latency: the
+		// scripted upstream and the gateway), i.e. the same sandbox boot,
+		// harness start, tools and settle the prefix has; prefix-over-rec:
+		// the prefix's time over it, per step: the like-for-like overhead
+		// of a replay (its answers from the tape are not model calls, so
+		// they count as overhead here).
 		b.ReportMetric(float64(d.Milliseconds()), fmt.Sprintf("prefix@%d-ms", n))
+		b.ReportMetric(float64(rec.Milliseconds()), "rec-nonmodel-ms")
+		b.ReportMetric(float64((d-rec).Milliseconds())/float64(n), "prefix-over-rec-ms/step")
 		b.ReportMetric(float64(tool.Milliseconds()), "run-tool-ms")
 		b.ReportMetric(float64(span.Milliseconds()), "replay-span-ms")
 		b.ReportMetric(float64((d - span).Milliseconds()), "fixed-ms")

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,11 @@ func replayStepCmd(k int) string {
 // a replay's tool output matches, its work tree does not.
 const replayNoiseCmd = `head -c 32 /dev/urandom > noise.bin && echo noise-done`
 
+// replayNoisyCmd is replayNoiseCmd as the first step of the replay
+// task's chain ("noisy steps task"): the tree differs from step 1 on, the
+// tool outputs never do.
+const replayNoisyCmd = `head -c 32 /dev/urandom > noise.bin && echo noisy-done`
+
 // replayTrialCmd is a trial's own work: it names its session (the sandbox
 // directory is named after it), so each trial's tree differs.
 const replayTrialCmd = `basename "$(dirname "$PWD")" > trial.txt && echo trial-done`
@@ -57,7 +63,9 @@ func replayNetCmd(port int) string {
 // replayScript: "replay task" is six chained tool steps, each answered on
 // the previous step's output; "clock task" prints the clock; "noise task"
 // writes random bytes; "network task" (when hostPort is not 0) reaches the
-// host's listener on hostPort; a trial's continuation writes trial.txt.
+// host's listener on hostPort; "noisy steps task" writes random bytes,
+// then does the replay task's steps; a trial's continuation writes
+// trial.txt.
 func replayScript(hostPort int) scripted.Script {
 	var rules []scripted.Rule
 	for _, c := range agentCLIs {
@@ -76,6 +84,9 @@ func replayScript(hostPort int) scripted.Script {
 			scripted.Rule{Name: c.tool + "-clock", Tool: c.tool, Prompt: "(?i)clock task", LastIsToolResult: scripted.Bool(false), Answer: call(`echo clock-$(date +%s%N)`)},
 			scripted.Rule{Name: c.tool + "-noise", Tool: c.tool, Prompt: "(?i)noise task", LastIsToolResult: scripted.Bool(false), Answer: call(replayNoiseCmd)},
 		)
+		rules = append(rules,
+			scripted.Rule{Name: c.tool + "-noisy-steps", Tool: c.tool, Prompt: "(?i)noisy steps task", LastIsToolResult: scripted.Bool(false), Answer: call(replayNoisyCmd)},
+			scripted.Rule{Name: c.tool + "-noisy-done", Tool: c.tool, ToolResult: "noisy-done", Answer: call(replayStepCmd(1))})
 		if hostPort != 0 {
 			rules = append(rules, scripted.Rule{Name: c.tool + "-net", Tool: c.tool, Prompt: "(?i)network task", LastIsToolResult: scripted.Bool(false), Answer: call(replayNetCmd(hostPort))})
 		}
@@ -359,6 +370,34 @@ func (s *replayStack) forkAtStep(t *testing.T, hname string, h sessionv1.Harness
 	}
 }
 
+// TestForkAtStepTreeLocalised: a prefix's work tree is checked at its
+// end only (tree_check_at_end), so a step early in the prefix that writes
+// random bytes (and prints the same) is seen at the end; replay-svc's
+// second replay, hashing every step, puts the tree divergence at the
+// request after that step, as a check at every step would.
+func TestForkAtStepTreeLocalised(t *testing.T) {
+	s := replayStart(t)
+	for _, h := range agentCLIs {
+		t.Run(h.name, func(t *testing.T) {
+			run, steps := s.record(t, "noisy-"+h.name, h.harness, "Please do the noisy steps task.")
+			after := int32(0)
+			for _, st := range steps {
+				if strings.Contains(string(st.GetRequest().GetBody()), "noisy-done") {
+					after = st.GetSeq()
+					break
+				}
+			}
+			if after == 0 || int(after) >= len(steps)-1 {
+				t.Fatalf("the request after the noisy step is %d of %d", after, len(steps))
+			}
+			f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: int32(len(steps)), Continuations: proto.Int32(0)})
+			if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_DIVERGED || f.GetDivergence().GetKind() != replayv1.DivergenceKind_DIVERGENCE_KIND_TREE || f.GetDivergence().GetSeq() != after {
+				t.Errorf("noisy replay: %v (%s), divergence %v, want tree at %d", f.GetStatus(), f.GetStatusReason(), f.GetDivergence(), after)
+			}
+		})
+	}
+}
+
 // checkSealed: the replay's sandboxes (the prefix session's, copied for
 // the trials) are in the sealed replay environment: egress none, none of
 // the environment's variables. From one, a port on the host is out of
@@ -555,57 +594,146 @@ func TestForkAtStepRESTAndCLI(t *testing.T) {
 	}
 }
 
-// TestForkAtStepPinSet: pin_set continues the trials with a harness lock's
-// harness, model and approval mode; the prefix replays on the run's own
-// harness either way. A lock on the run's harness continues the prefix's
-// conversation; one on another harness starts the trial on the run's
-// prompt over the rebuilt work tree. Locks that cannot be read are refused
-// naming pin_set.
-func TestForkAtStepPinSet(t *testing.T) {
-	s := replayStartWith(t, map[string]string{"HANGAR_HARNESS_REPO": harnessLockRepoOrSkip(t)})
-	ctx := context.Background()
-	run, steps := s.record(t, "pin-claude", sessionv1.Harness_HARNESS_CLAUDE, "Please do the replay task.")
-	at := toolStepSeq(t, steps, 3)
-	for _, c := range []struct {
-		pin, ref string
-		harness  sessionv1.Harness
-		model    string
-	}{
-		{"claude-ok", "claude-ok@r2", sessionv1.Harness_HARNESS_CLAUDE, "claude-sonnet-4-5"},
-		{"codex-ok@r2", "codex-ok@r2", sessionv1.Harness_HARNESS_CODEX, "gpt-5.5"},
-	} {
-		f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: at, Continuations: proto.Int32(1), PinSet: c.pin})
-		if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_FORKED || f.GetDivergence() != nil || f.GetPinSet() != c.ref || f.GetHarness() != "claude" {
-			t.Errorf("pin_set %s: %v (%s), divergence %v, pin_set %q, harness %q", c.pin, f.GetStatus(), f.GetStatusReason(), f.GetDivergence(), f.GetPinSet(), f.GetHarness())
-			continue
+// pinSetRepo is a harness repository whose locks are pin sets (a lock
+// with an environment) on env, for the installed CLIs: claude-pin (Claude
+// Code on pinModel, another model than the run's), codex-pin (Codex),
+// claude-old (a CLI version not installed), bare (no environment) and
+// elsewhere (an environment that does not exist).
+func pinSetRepo(t *testing.T, env string) string {
+	t.Helper()
+	if os.Getenv("HANGAR_HARNESS_DIR") == "" {
+		t.Skip("HANGAR_HARNESS_DIR is unset: run .ci/install-harnesses and set it to use the real agent CLIs")
+	}
+	rec := func(name, harness, model, version, env string) string {
+		out := "  " + name + ":\n    revision: 1\n    harness: " + harness + "\n    model: " + model + "\n    approvals: never\n    cli_version: " + version + "\n"
+		if env != "" {
+			out += "    environment: " + env + "\n"
 		}
+		return out
+	}
+	claude, codex := cliVersion(t, harnessClaude), cliVersion(t, harnessCodex)
+	file := "locks:\n" + rec("claude-pin", "claude", pinModel, claude, env) + rec("codex-pin", "codex", "gpt-5.5", codex, env) +
+		rec("claude-old", "claude", pinModel, "0.0.1", env) + rec("bare", "claude", pinModel, claude, "") +
+		rec("elsewhere", "claude", pinModel, claude, "nowhere")
+	return gitRepo(t, map[string]string{"harnesses.lock.yaml": file})
+}
+
+// pinModel is the model of the Claude Code pin set: not the run's.
+const pinModel = "claude-opus-pinned"
+
+// TestForkAtStepPinSet: pin_set continues a fork with a harness lock's
+// harness, model, approval mode and environment (a pin set is a lock with
+// an environment). A pin set on the run's harness replays the prefix there
+// (on the run's model, in the pin set's environment) and its trials
+// continue the prefix's conversation on the lock's model: every request of
+// a trial carries it. A pin set on another harness replays the prefix on
+// the lock's harness, whose first request is not the tape's: it diverges
+// at step 1 (kind model) by design; with on_divergence live its trials go
+// live from there on the lock's harness. Trials record the pin set. Pin
+// sets that cannot be used are refused naming pin_set, before any
+// sandbox work.
+func TestForkAtStepPinSet(t *testing.T) {
+	s := replayStartWith(t, map[string]string{"HANGAR_HARNESS_REPO": pinSetRepo(t, "e2e-pin")})
+	ctx := context.Background()
+	e2e, err := s.sandboxes.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: "e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.applyEnvironment(t, "e2e-pin", e2e.GetEnvironment().GetRepository(), 0, sandboxv1.Egress_EGRESS_FULL)
+	run, steps := s.record(t, "pin-claude", sessionv1.Harness_HARNESS_CLAUDE, "Please do the replay task.")
+	rec, err := s.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: run})
+	if err != nil || rec.GetRun().GetModel() == pinModel {
+		t.Fatalf("the recorded run: %v %v (its model must not be the pin set's)", rec.GetRun(), err)
+	}
+	at := toolStepSeq(t, steps, 3)
+
+	// The trial's session and run are the lock's, every request on its
+	// model, in the pin set's environment (its sealed replay copy).
+	checkTrial := func(t *testing.T, f *replayv1.Fork, h sessionv1.Harness, model string) {
+		t.Helper()
 		tr := f.GetTrials()[0]
-		if tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_ENDED || tr.GetOutcome() != replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED {
-			t.Errorf("pin_set %s: trial %v", c.pin, tr)
-			continue
+		if tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_ENDED || tr.GetOutcome() != replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED || tr.GetPinSet() != f.GetPinSet() {
+			t.Fatalf("trial %v", tr)
 		}
 		sess := s.get(t, tr.GetSession())
-		if sess.GetHarness() != c.harness || sess.GetModel() != c.model || sess.GetHarnessLock() != c.ref {
-			t.Errorf("pin_set %s: trial session harness %v model %q lock %q", c.pin, sess.GetHarness(), sess.GetModel(), sess.GetHarnessLock())
+		if sess.GetHarness() != h || sess.GetModel() != model || sess.GetHarnessLock() != f.GetPinSet() || sess.GetEnvironment() != "e2e-pin-replay" {
+			t.Errorf("trial session: harness %v model %q lock %q environment %q", sess.GetHarness(), sess.GetModel(), sess.GetHarnessLock(), sess.GetEnvironment())
 		}
-		// The trial's own run is on the lock's harness and model.
+		if p := s.get(t, f.GetPrefixSession()); p.GetEnvironment() != "e2e-pin-replay" {
+			t.Errorf("prefix session %s: environment %q, want the pin set's (sealed)", p.GetName(), p.GetEnvironment())
+		}
 		gr, err := s.gateway.GetRun(ctx, &gatewayv1.GetRunRequest{Run: tr.GetRun()})
-		if err != nil || gr.GetRun().GetHarness() != strings.ToLower(strings.TrimPrefix(c.harness.String(), "HARNESS_")) || gr.GetRun().GetModel() != c.model {
-			t.Errorf("pin_set %s: trial run %v %v", c.pin, gr.GetRun(), err)
+		if err != nil || gr.GetRun().GetHarness() != strings.ToLower(strings.TrimPrefix(h.String(), "HARNESS_")) || gr.GetRun().GetModel() != model {
+			t.Errorf("trial run %v %v", gr.GetRun(), err)
 		}
+		live, err := s.gateway.ListSteps(ctx, &gatewayv1.ListStepsRequest{Run: tr.GetRun()})
+		if err != nil || len(live.GetSteps()) == 0 {
+			t.Fatalf("steps of the trial's run %s: %v %v", tr.GetRun(), live, err)
+		}
+		for _, st := range live.GetSteps() {
+			if st.GetModel() != model {
+				t.Errorf("trial run %s step %d: model %q, want the lock's %q", tr.GetRun(), st.GetSeq(), st.GetModel(), model)
+			}
+		}
+	}
+
+	t.Run("same-harness", func(t *testing.T) {
+		f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: at, Continuations: proto.Int32(1), PinSet: "claude-pin"})
+		if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_FORKED || f.GetDivergence() != nil || f.GetPinSet() != "claude-pin@r1" || f.GetHarness() != "claude" || f.GetReplayedSteps() != at {
+			t.Fatalf("%v (%s), divergence %v, pin_set %q, harness %q, replayed %d", f.GetStatus(), f.GetStatusReason(), f.GetDivergence(), f.GetPinSet(), f.GetHarness(), f.GetReplayedSteps())
+		}
+		checkTrial(t, f, sessionv1.Harness_HARNESS_CLAUDE, pinModel)
+	})
+	t.Run("cross-harness-stop", func(t *testing.T) {
+		f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: at, Continuations: proto.Int32(1), PinSet: "codex-pin@r1"})
+		d := f.GetDivergence()
+		if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_DIVERGED || d.GetSeq() != 1 || d.GetKind() != replayv1.DivergenceKind_DIVERGENCE_KIND_MODEL || f.GetPinSet() != "codex-pin@r1" {
+			t.Fatalf("%v (%s), divergence %v, pin_set %q", f.GetStatus(), f.GetStatusReason(), d, f.GetPinSet())
+		}
+		t.Logf("a pin set on another harness: %s, divergence %v", f.GetStatusReason(), d)
+		tr := f.GetTrials()[0]
+		if tr.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_DIVERGED || tr.GetPinSet() != "codex-pin@r1" || tr.GetRun() != "" {
+			t.Errorf("trial %v", tr)
+		}
+		if p := s.get(t, f.GetPrefixSession()); p.GetHarness() != sessionv1.Harness_HARNESS_CODEX || p.GetHarnessLock() != "codex-pin@r1" {
+			t.Errorf("prefix session: harness %v lock %q, want the pin set's", p.GetHarness(), p.GetHarnessLock())
+		}
+	})
+	t.Run("cross-harness-live", func(t *testing.T) {
+		f := s.fork(t, &replayv1.ForkRunRequest{Run: run, AtSeq: at, Continuations: proto.Int32(1), PinSet: "codex-pin",
+			OnDivergence: replayv1.OnDivergence_ON_DIVERGENCE_LIVE})
+		if d := f.GetDivergence(); f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_DIVERGED || d.GetSeq() != 1 || d.GetKind() != replayv1.DivergenceKind_DIVERGENCE_KIND_MODEL {
+			t.Fatalf("%v (%s), divergence %v", f.GetStatus(), f.GetStatusReason(), d)
+		}
+		checkTrial(t, f, sessionv1.Harness_HARNESS_CODEX, "gpt-5.5")
+	})
+
+	before, err := s.replay.ListForks(ctx, &replayv1.ListForksRequest{Run: run})
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, c := range []struct {
 		pin  string
 		code codes.Code
+		says string
 	}{
-		{"nope@r1", codes.NotFound},
-		{"claude-ok@r9", codes.NotFound},
-		{"Not A Lock!", codes.InvalidArgument},
+		{"nope@r1", codes.NotFound, "nope"},
+		{"claude-pin@r9", codes.NotFound, "r9"},
+		{"Not A Lock!", codes.InvalidArgument, "NAME@rREVISION"},
+		{"bare", codes.FailedPrecondition, "pins no environment"},
+		{"elsewhere@r1", codes.NotFound, `environment "nowhere"`},
+		// Refused like a thaw: the CLI the sandboxes run is another version.
+		{"claude-old@r1", codes.FailedPrecondition, "pins claude 0.0.1"},
 	} {
 		_, err := s.replay.ForkRun(ctx, &replayv1.ForkRunRequest{Run: run, AtSeq: 1, PinSet: c.pin})
-		if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), "pin_set") || !strings.Contains(status.Convert(err).Message(), c.pin) {
-			t.Errorf("pin_set %q: %v, want %v naming pin_set and the lock", c.pin, err, c.code)
+		msg := status.Convert(err).Message()
+		if status.Code(err) != c.code || !strings.Contains(msg, "pin_set") || !strings.Contains(msg, c.pin) || !strings.Contains(msg, c.says) {
+			t.Errorf("pin_set %q: %v, want %v naming pin_set and the lock, saying %q", c.pin, err, c.code, c.says)
 		}
+	}
+	// Refused before any sandbox work: no fork was recorded.
+	if after, err := s.replay.ListForks(ctx, &replayv1.ListForksRequest{Run: run}); err != nil || len(after.GetForks()) != len(before.GetForks()) {
+		t.Errorf("forks of %s after the refusals: %d, want %d (%v)", run, len(after.GetForks()), len(before.GetForks()), err)
 	}
 }
 

@@ -80,20 +80,9 @@ func BenchmarkTurnLatency(b *testing.B) {
 			}
 			home := b.TempDir()
 			for range samples {
-				cmd := exec.Command(claude, "-p", message, "--session-id", newUUID(b), "--output-format", "stream-json", "--verbose")
-				cmd.Dir = clone
-				cmd.Env = append(os.Environ(), "HOME="+home, "ANTHROPIC_BASE_URL="+modelURL, "ANTHROPIC_API_KEY=upstream-key",
-					"DISABLE_AUTOUPDATER=1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1")
-				var out bytes.Buffer
-				cmd.Stdout, cmd.Stderr = &out, &out
-				t0 := time.Now()
-				if err := cmd.Run(); err != nil {
-					b.Fatalf("bare claude: %v\n%s", err, out.String())
-				}
-				timings["bare"] = append(timings["bare"], ms(time.Since(t0)))
-				if !strings.Contains(out.String(), `"type":"result"`) {
-					b.Fatalf("bare claude gave no result:\n%s", out.String())
-				}
+				took, cpu := bareClaude(b, claude, clone, home, modelURL, message)
+				timings["bare"] = append(timings["bare"], ms(took))
+				timings["bare-cpu"] = append(timings["bare-cpu"], ms(cpu))
 			}
 
 			// turn runs one timed turn on a session and checks it completed.
@@ -157,6 +146,7 @@ func BenchmarkTurnLatency(b *testing.B) {
 			}
 			bare := median(timings["bare"])
 			b.ReportMetric(bare, "bare-ms")
+			b.ReportMetric(median(timings["bare-cpu"]), "bare-cpu-ms")
 			for _, k := range []string{"open", "cached", "pooled", "cold"} {
 				m := median(timings[k])
 				b.ReportMetric(m, k+"-ms")
@@ -176,4 +166,31 @@ func newUUID(tb testing.TB) string {
 	u[6] = u[6]&0x0f | 0x40
 	u[8] = u[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+}
+
+// bareClaude runs one turn of Claude Code by hand in dir (no hangar), with
+// home as its HOME, against the model at modelURL, and returns how long it
+// took and the CPU time (user and system) it and the children it waited
+// for used; the turn must end with a result.
+func bareClaude(tb testing.TB, claude, dir, home, modelURL, message string) (took, cpu time.Duration) {
+	tb.Helper()
+	cmd := exec.Command(claude, "-p", message, "--session-id", newUUID(tb), "--output-format", "stream-json", "--verbose")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "HOME="+home, "ANTHROPIC_BASE_URL="+modelURL, "ANTHROPIC_API_KEY=upstream-key",
+		"DISABLE_AUTOUPDATER=1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	t0 := time.Now()
+	err := cmd.Run()
+	took = time.Since(t0)
+	if ps := cmd.ProcessState; ps != nil {
+		cpu = ps.UserTime() + ps.SystemTime()
+	}
+	switch {
+	case err != nil:
+		tb.Errorf("bare claude: %v\n%s", err, out.String())
+	case !strings.Contains(out.String(), `"type":"result"`):
+		tb.Errorf("bare claude gave no result:\n%s", out.String())
+	}
+	return took, cpu
 }

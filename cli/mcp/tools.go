@@ -131,6 +131,7 @@ type forkRunIn struct {
 	OnDivergence  string    `json:"on_divergence,omitempty" jsonschema:"what a trial does when its replay diverges from the tape: stop (default, it ends there) or live (it goes live from there)"`
 	Budget        *budgetIn `json:"budget,omitempty" jsonschema:"each continuation's budget (default max_cost_usd 5)"`
 	WaitSeconds   int32     `json:"wait_seconds,omitempty" jsonschema:"answer once every prefix has settled, or after this many seconds (0: at once, status replaying; follow with get_fork)"`
+	PinSet        string    `json:"pin_set,omitempty" jsonschema:"continue with this pin set instead of the run's own harness and model: a harness lock with an environment (NAME@rN); one on another harness than the run's diverges at step 1"`
 }
 
 type getForkIn struct {
@@ -566,7 +567,7 @@ func (t *tools) fork(ctx context.Context, _ *mcpsdk.CallToolRequest, in forkIn) 
 }
 
 func (t *tools) forkRun(ctx context.Context, _ *mcpsdk.CallToolRequest, in forkRunIn) (json.RawMessage, error) {
-	req := &replayv1.ForkRunRequest{Run: in.Run, AtSeq: in.AtSeq, Continuations: in.Continuations, WaitSeconds: in.WaitSeconds}
+	req := &replayv1.ForkRunRequest{Run: in.Run, AtSeq: in.AtSeq, Continuations: in.Continuations, WaitSeconds: in.WaitSeconds, PinSet: in.PinSet}
 	switch in.OnDivergence {
 	case "":
 	case "stop":

@@ -42,6 +42,8 @@ type Cluster struct {
 	procs      []proc
 	mu         sync.Mutex
 	kwokNode   string
+	// nodeSock is the real node's containerd socket, once it runs.
+	nodeSock string
 	// before[i] runs before procs[i] is stopped; after, once all are.
 	before map[int][]func()
 	after  []func()

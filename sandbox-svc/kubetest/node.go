@@ -99,9 +99,11 @@ state = %q
 	if err := waitSocket(ctx, sock); err != nil {
 		return fmt.Errorf("containerd: %w (log %s)", err, filepath.Join(c.dir, "containerd-"+name+".log"))
 	}
-	imp := exec.CommandContext(ctx, "ctr", "--address", sock, "-n", "k8s.io", "images", "import", os.Getenv(ImageArchiveEnv))
-	if out, err := imp.CombinedOutput(); err != nil {
-		return fmt.Errorf("ctr images import: %w: %s", err, out)
+	c.mu.Lock()
+	c.nodeSock = sock
+	c.mu.Unlock()
+	if err := c.ImportImage(ctx, os.Getenv(ImageArchiveEnv)); err != nil {
+		return err
 	}
 	ip, err := hostIP()
 	if err != nil {
@@ -228,4 +230,20 @@ func cleanNode(dir, bridge string) {
 		}
 	}
 	_ = exec.Command("ip", "link", "delete", bridge).Run()
+}
+
+// ImportImage loads an image archive (docker or OCI) into the real node's
+// containerd.
+func (c *Cluster) ImportImage(ctx context.Context, archive string) error {
+	c.mu.Lock()
+	sock := c.nodeSock
+	c.mu.Unlock()
+	if sock == "" {
+		return errors.New("no real node runs")
+	}
+	imp := exec.CommandContext(ctx, "ctr", "--address", sock, "-n", "k8s.io", "images", "import", archive)
+	if out, err := imp.CombinedOutput(); err != nil {
+		return fmt.Errorf("ctr images import: %w: %s", err, out)
+	}
+	return nil
 }

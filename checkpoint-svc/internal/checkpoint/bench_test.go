@@ -50,7 +50,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 			// timed parts, or their writeback is what gets measured.
 			syscall.Sync()
 			b.ResetTimer()
-			var full, incr, restore, settle, restoreCPU float64
+			var incrCPU, full, incr, restore, settle, restoreCPU float64
 			var fullBytes, incrBytes int64
 			for n := 0; n < b.N; n++ {
 				session := fmt.Sprintf("bench%d", n)
@@ -65,8 +65,10 @@ func BenchmarkCheckpoint(b *testing.B) {
 					f.Close()
 				}
 				t0 = nowMono()
+				cpu0 := childCPU()
 				second := w.capture(session, work).Checkpoint
 				incr += sinceMono(t0)
+				incrCPU += childCPU() - cpu0
 				incrBytes = second.GetStoredBytes()
 				b.StopTimer()
 				work2, _ := w.sandbox()
@@ -74,7 +76,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 				syscall.Sync()
 				b.StartTimer()
 				t0 = nowMono()
-				cpu0 := childCPU()
+				cpu0 = childCPU()
 				if _, err := w.restore(second.GetId(), work2, ""); err != nil {
 					b.Fatal(err)
 				}
@@ -89,6 +91,8 @@ func BenchmarkCheckpoint(b *testing.B) {
 			b.ReportMetric(float64(fullBytes), "full-stored-B")
 			b.ReportMetric(incr/float64(b.N), "incr-capture-ms")
 			b.ReportMetric(float64(incrBytes), "incr-stored-B")
+			// The CPU the small-edit capture's processes used.
+			b.ReportMetric(incrCPU/float64(b.N), "incr-capture-cpu-ms")
 			b.ReportMetric(restore/float64(b.N), "restore-ms")
 			// The CPU the restore's processes (hangar-sandbox and its
 			// git commands) used: what a loaded machine's wait for a

@@ -339,10 +339,15 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 	defer h.finish(c)
 	// The work tree hash is taken while the call goes on (the tape is
 	// read, the upstream answers); the answer's first byte waits for it.
-	h.startTree(ctx, c)
+	// A replay checked at its end (tree_check_at_end) takes it only at
+	// the prefix's last two requests, at_seq and at_seq+1: its replayed
+	// answers before them wait for no hash.
+	if rp := run.GetReplay(); !rp.GetTreeCheckAtEnd() || rp.GetOutsideOnly() || seq >= rp.GetAtSeq() {
+		h.startTree(ctx, c)
+	}
 	w = &treeGate{ResponseWriter: w, wait: func() { h.awaitTree(c) }}
 
-	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" {
+	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" && !rp.GetOutsideOnly() {
 		if done := h.replayStep(w, r, c, rp); done {
 			return
 		}
@@ -350,8 +355,9 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 
 	upBody := body
 	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" {
-		// Live after a replayed prefix: the calls with outside effects the
-		// prefix made are shown to the model with the tape's outputs.
+		// Live after a replayed prefix (or a trial continuing one): the
+		// calls with outside effects the prefix made are shown to the
+		// model with the tape's outputs.
 		upBody = h.answerFromTape(ctx, c, rp, upBody)
 	}
 	if msgs, err := h.o.Runs.TakeSteering(ctx, run.GetId()); err == nil && len(msgs) > 0 {

@@ -127,9 +127,15 @@ func (h *Handler) checkStep(ctx context.Context, w http.ResponseWriter, c *call,
 
 // answerFromTape returns body with the outputs of the prefix's tool calls
 // with outside effects (replay.OutsideEffect) replaced by the tape's: the
-// taped request after the prefix holds every output of the prefix.
+// taped request after the prefix holds every output of the prefix. A run
+// that only continues a prefix (outside_only: a trial, its own steps
+// counted from 1) reads that request whatever its step.
 func (h *Handler) answerFromTape(ctx context.Context, c *call, rp *gatewayv1.Replay, body []byte) []byte {
-	for _, n := range []int32{min(c.step.Seq, rp.GetAtSeq()+1), min(c.step.Seq, rp.GetAtSeq())} {
+	seq := c.step.Seq
+	if rp.GetOutsideOnly() {
+		seq = rp.GetAtSeq() + 1
+	}
+	for _, n := range []int32{min(seq, rp.GetAtSeq()+1), min(seq, rp.GetAtSeq())} {
 		if n <= 0 {
 			continue
 		}

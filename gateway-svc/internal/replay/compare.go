@@ -107,6 +107,8 @@ func CompareCanon(provider gatewayv1.Provider, canon Canon, taped, incoming []by
 	}
 	dropItemIDs(a)
 	dropItemIDs(b)
+	dropMCPTools(a)
+	dropMCPTools(b)
 	answerFromTape(provider, a, b)
 	var diffs []difference
 	walk(nil, a, b, &diffs)
@@ -151,6 +153,34 @@ func dropItemIDs(v any) {
 			}
 		}
 	}
+}
+
+// dropMCPTools removes the definitions of MCP tools ("mcp__<server>__<tool>"
+// in Claude Code and Codex) from the tools a request offers: a replay's
+// sandbox reaches no MCP server (egress none, no credentials), so its CLI
+// offers none of their tools, and its calls of them are answered from the
+// tape (answerFromTape). Every other tool definition is compared.
+func dropMCPTools(v any) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return
+	}
+	tools, ok := m["tools"].([]any)
+	if !ok {
+		return
+	}
+	kept := tools[:0:0]
+	for _, tl := range tools {
+		t := asMap(tl)
+		name := str(t, "name")
+		if name == "" {
+			name = str(asMap(t["function"]), "name") // Chat Completions
+		}
+		if !strings.HasPrefix(name, "mcp__") {
+			kept = append(kept, tl)
+		}
+	}
+	m["tools"] = kept
 }
 
 func decode(b []byte, v *any) error {

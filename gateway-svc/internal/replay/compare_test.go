@@ -110,6 +110,15 @@ func TestCanonicalisation(t *testing.T) {
 		{"another path still differs", anth,
 			system(`Working directory: /var/hangar/sandboxes/demo/work`),
 			system(`Working directory: /var/hangar/sandboxes/other/work`), gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL},
+		{"MCP tools the replay cannot reach", anth,
+			`{"model":"m","messages":[],"tools":[{"name":"Bash","input_schema":{}},{"name":"mcp__counter__count","input_schema":{}}]}`,
+			`{"model":"m","messages":[],"tools":[{"name":"Bash","input_schema":{}}]}`, 0},
+		{"codex MCP tools", resp,
+			`{"model":"m","input":[],"tools":[{"type":"function","name":"exec_command"},{"type":"function","name":"mcp__jira__search"}]}`,
+			`{"model":"m","input":[],"tools":[{"type":"function","name":"exec_command"}]}`, 0},
+		{"another tool missing still differs", anth,
+			`{"model":"m","messages":[],"tools":[{"name":"Bash","input_schema":{}},{"name":"counter_count","input_schema":{}}]}`,
+			`{"model":"m","messages":[],"tools":[{"name":"Bash","input_schema":{}}]}`, gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL},
 		{"tool wall time", resp,
 			`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"exec_command","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"Chunk ID: ab12\nWall time: 0.0100 seconds\nok"}]}`,
 			`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"exec_command","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"Chunk ID: cd34\nWall time: 0.9000 seconds\nok"}]}`, 0},
@@ -178,6 +187,8 @@ func TestOutsideEffectAnsweredFromTape(t *testing.T) {
 		replaced        bool
 	}{
 		{"mcp tool", anth, anthBody("mcp__jira__create_issue", "JIRA-7 created"), anthBody("mcp__jira__create_issue", "MCP server jira not connected"), 0, true},
+		{"mcp tool the replay's CLI does not have", anth, anthBody("mcp__counter__count", "counted-1"),
+			strings.Replace(anthBody("mcp__counter__count", "<tool_use_error>Error: No such tool available: mcp__counter__count</tool_use_error>"), `"tool_use_id":"t1"`, `"tool_use_id":"t1","is_error":true`, 1), 0, true},
 		{"web fetch", anth, anthBody("WebFetch", "page text"), anthBody("WebFetch", "getaddrinfo ENOTFOUND example.com"), 0, true},
 		{"bash still compared", anth, anthBody("Bash", "ok"), anthBody("Bash", "changed"), gatewayv1.DivergenceKind_DIVERGENCE_KIND_TOOL, false},
 		{"codex mcp tool", resp, respBody("mcp__slack__post", "posted"), respBody("mcp__slack__post", "error"), 0, true},
@@ -193,7 +204,10 @@ func TestOutsideEffectAnsweredFromTape(t *testing.T) {
 		if replaced != tc.replaced {
 			t.Errorf("%s: replaced %v, want %v", tc.name, replaced, tc.replaced)
 		}
-		for _, orig := range []string{"JIRA-7 created", "page text", "posted", "done"} {
+		if replaced && strings.Contains(string(out), "is_error") {
+			t.Errorf("%s: the request sent on %s keeps the replay's is_error", tc.name, out)
+		}
+		for _, orig := range []string{"JIRA-7 created", "page text", "posted", "done", "counted-1"} {
 			if replaced && strings.Contains(tc.taped, orig) && !strings.Contains(string(out), orig) {
 				t.Errorf("%s: the request sent on %s does not hold the tape's output %q", tc.name, out, orig)
 			}

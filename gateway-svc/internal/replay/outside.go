@@ -32,7 +32,7 @@ func answerFromTape(provider gatewayv1.Provider, taped, incoming any) bool {
 	changed := false
 	for id, slot := range toolOutputs(provider, incoming, ids) {
 		if orig, ok := want[id]; ok {
-			slot.set(orig.get())
+			slot.copyFrom(orig)
 			changed = true
 		}
 	}
@@ -75,14 +75,24 @@ func outsideCalls(provider gatewayv1.Provider, req any) map[string]bool {
 	return ids
 }
 
-// slot is where one tool output sits in a decoded request.
+// slot is where one tool output sits in a decoded request: the fields of
+// its block that hold the output (for Anthropic the content and is_error:
+// a replay's failed call is an error, the taped one was not).
 type slot struct {
-	m   map[string]any
-	key string
+	m    map[string]any
+	keys []string
 }
 
-func (s slot) get() any  { return s.m[s.key] }
-func (s slot) set(v any) { s.m[s.key] = v }
+// copyFrom sets s's output fields to o's (a field o lacks is removed).
+func (s slot) copyFrom(o slot) {
+	for _, k := range s.keys {
+		if v, ok := o.m[k]; ok {
+			s.m[k] = v
+		} else {
+			delete(s.m, k)
+		}
+	}
+}
 
 // toolOutputs are the outputs of the calls ids in a request, by call id.
 func toolOutputs(provider gatewayv1.Provider, req any, ids map[string]bool) map[string]slot {
@@ -94,7 +104,7 @@ func toolOutputs(provider gatewayv1.Provider, req any, ids map[string]bool) map[
 			for _, blk := range asSlice(asMap(msg)["content"]) {
 				b := asMap(blk)
 				if str(b, "type") == "tool_result" && ids[str(b, "tool_use_id")] {
-					out[str(b, "tool_use_id")] = slot{b, "content"}
+					out[str(b, "tool_use_id")] = slot{b, []string{"content", "is_error"}}
 				}
 			}
 		}
@@ -102,14 +112,14 @@ func toolOutputs(provider gatewayv1.Provider, req any, ids map[string]bool) map[
 		for _, it := range asSlice(m["input"]) {
 			i := asMap(it)
 			if strings.HasSuffix(str(i, "type"), "_output") && ids[str(i, "call_id")] {
-				out[str(i, "call_id")] = slot{i, "output"}
+				out[str(i, "call_id")] = slot{i, []string{"output"}}
 			}
 		}
 	case gatewayv1.Provider_PROVIDER_OPENAI_CHAT_COMPLETIONS:
 		for _, msg := range asSlice(m["messages"]) {
 			mm := asMap(msg)
 			if str(mm, "role") == "tool" && ids[str(mm, "tool_call_id")] {
-				out[str(mm, "tool_call_id")] = slot{mm, "content"}
+				out[str(mm, "tool_call_id")] = slot{mm, []string{"content"}}
 			}
 		}
 	}

@@ -241,15 +241,16 @@ func (s *Server) CreateRun(ctx context.Context, req *gatewayv1.CreateRunRequest)
 	if err != nil {
 		return nil, s.internal(ctx, "run create failed", err)
 	}
-	if req.GetTurn() <= 1 && req.GetSession() != "" {
+	if req.GetSession() != "" {
 		// A session armed for a replay (a fork's prefix) replays from its
-		// first call.
+		// first call; one armed outside_only (a fork's trial) has every
+		// run's outside calls answered from the tape.
 		rp, err := s.runs.ArmedReplay(ctx, req.GetSession())
 		if err != nil {
 			_, _ = s.runs.End(ctx, run.GetId(), "replay could not be read")
 			return nil, s.internal(ctx, "run create failed", err)
 		}
-		if rp != nil {
+		if rp != nil && (req.GetTurn() <= 1 || rp.GetOutsideOnly()) {
 			if run, err = s.runs.SetReplay(ctx, run.GetId(), rp); err != nil {
 				_, _ = s.runs.End(ctx, run.GetId(), "replay could not be set")
 				return nil, s.internal(ctx, "run create failed", err)
@@ -430,7 +431,8 @@ func (s *Server) SetReplay(ctx context.Context, req *gatewayv1.SetReplayRequest)
 
 // replayDefaults copies rp with its unset choices filled in.
 func replayDefaults(rp *gatewayv1.Replay) *gatewayv1.Replay {
-	rp = &gatewayv1.Replay{TapeRun: rp.GetTapeRun(), AtSeq: rp.GetAtSeq(), OnDivergence: rp.GetOnDivergence(), AfterPrefix: rp.GetAfterPrefix()}
+	rp = &gatewayv1.Replay{TapeRun: rp.GetTapeRun(), AtSeq: rp.GetAtSeq(), OnDivergence: rp.GetOnDivergence(), AfterPrefix: rp.GetAfterPrefix(),
+		OutsideOnly: rp.GetOutsideOnly(), TreeCheckAtEnd: rp.GetTreeCheckAtEnd()}
 	if rp.OnDivergence == gatewayv1.OnDivergence_ON_DIVERGENCE_UNSPECIFIED {
 		rp.OnDivergence = gatewayv1.OnDivergence_ON_DIVERGENCE_STOP
 	}

@@ -348,3 +348,29 @@ func TestStoreDownIsUnavailable(t *testing.T) {
 		t.Fatalf("GetRun with Redis down: %v %s (%v)", st.Code(), fault.Reason(st), err)
 	}
 }
+
+// TestArmedOutsideOnlyTakesEveryTurn: a replay armed for a session is
+// taken by its first turn's run only, but one armed outside_only (a
+// fork's trial, whose every turn continues the replayed conversation) by
+// every turn's run.
+func TestArmedOutsideOnlyTakesEveryTurn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, basicScript())
+	ctx := context.Background()
+	rec, _ := e.createRun(t, &gatewayv1.CreateRunRequest{Session: "ses-rec", Turn: 1, Harness: "claude"})
+	for _, c := range []struct {
+		session     string
+		outsideOnly bool
+	}{{"ses-prefix", false}, {"ses-trial", true}} {
+		if _, err := e.srv.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: c.session, Replay: &gatewayv1.Replay{TapeRun: rec.GetId(), OutsideOnly: c.outsideOnly}}); err != nil {
+			t.Fatal(err)
+		}
+		for turn := int32(1); turn <= 3; turn++ {
+			run, _ := e.createRun(t, &gatewayv1.CreateRunRequest{Session: c.session, Turn: turn, Harness: "claude"})
+			want := turn == 1 || c.outsideOnly
+			if got := run.GetReplay().GetTapeRun() == rec.GetId(); got != want || run.GetReplay().GetOutsideOnly() != (want && c.outsideOnly) {
+				t.Errorf("%s turn %d: replay %v, want armed %v", c.session, turn, run.GetReplay(), want)
+			}
+		}
+	}
+}

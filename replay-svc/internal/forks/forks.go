@@ -284,13 +284,11 @@ func (m *Manager) Start(ctx context.Context, in Fork) (*replayv1.Fork, error) {
 		return nil, fault.FailedPrecondition("TAPE_WITHOUT_PROMPT", "the first request on run %s's tape holds no user prompt to start the replay with", r.GetId())
 	}
 	if in.PinSet != "" {
-		// The pin set's lock, at the revision it has now: the trials are
-		// thawed from that revision even after a restart.
-		lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: in.PinSet})
+		ref, err := m.checkPinSet(ctx, in.PinSet)
 		if err != nil {
-			return nil, pinSetError(in.PinSet, err)
+			return nil, err
 		}
-		f.PinSet = lock.GetLock().GetRef()
+		f.PinSet = ref
 	}
 	if _, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: r.GetSession()}); err != nil {
 		if fault.Status(err).Code() == codes.NotFound {
@@ -303,7 +301,7 @@ func (m *Manager) Start(ctx context.Context, in Fork) (*replayv1.Fork, error) {
 		id := f.Fork + "." + strconv.Itoa(i)
 		f.TrialIds = append(f.TrialIds, id)
 		f.Trials = append(f.Trials, &replayv1.Trial{Id: id, Fork: f.Fork, Source: "experiment", ForkOf: r.GetId(),
-			Status: replayv1.TrialStatus_TRIAL_STATUS_REPLAYING, Tainted: r.GetTainted(), CreatedAt: timestamppb.New(now)})
+			Status: replayv1.TrialStatus_TRIAL_STATUS_REPLAYING, Tainted: r.GetTainted(), CreatedAt: timestamppb.New(now), PinSet: f.PinSet})
 	}
 	settled := m.watch(f.Fork)
 	if err := m.o.Store.CreateFork(ctx, f); err != nil {
@@ -575,61 +573,13 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 		return stage("reading the run's session", err)
 	}
 	prefix := f.GetPrefixSession()
-	if _, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: prefix}); fault.Status(err).Code() == codes.NotFound {
-		tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
-		if err != nil || len(tape.GetSteps()) == 0 {
-			return userError(fmt.Sprintf("the tape of run %s could not be read: it may have expired", f.GetRun()))
-		}
-		// Arm the gateway first: the prefix session's first run replays
-		// from its first call, and stops after checking the request that
-		// follows step N.
-		if err := m.retryUnavailable(ctx, func() error {
-			_, err := m.o.Gateway.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: prefix, Replay: &gatewayv1.Replay{
-				TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
-				AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP,
-			}})
-			return err
-		}); err != nil {
-			return stage("arming the gateway for the prefix session", err)
-		}
-		s := src.GetSession()
-		env, err := m.replayEnvironment(ctx, s.GetEnvironment())
-		if err != nil {
-			return stage("making the replay environment", err)
-		}
-		if err := m.retryUnavailable(ctx, func() error {
-			_, err := m.o.Sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{
-				Name: prefix, Environment: env, Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
-				BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetRun().GetModel(),
-				// The taped steps make no model call; the budget only
-				// bounds what a broken replay could spend.
-				Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()},
-			})
-			if fault.Status(err).Code() == codes.AlreadyExists {
-				return nil
-			}
-			return err
-		}); err != nil {
-			return stage("creating the prefix session", err)
-		}
-	} else if err != nil {
-		return stage("reading the prefix session", err)
-	}
-	// A session made while session-svc was draining has no turn yet.
-	if got, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: prefix}); err != nil {
-		return stage("reading the prefix session", err)
-	} else if len(got.GetSession().GetTurns()) == 0 {
-		tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
-		if err != nil || len(tape.GetSteps()) == 0 {
-			return userError(fmt.Sprintf("the tape of run %s could not be read: it may have expired", f.GetRun()))
-		}
-		if err := m.retryUnavailable(ctx, func() error {
-			_, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: prefix, Message: Prompt(tape.GetSteps()[0]),
-				Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()}})
-			return err
-		}); err != nil {
-			return stage("starting the prefix session's turn", err)
-		}
+	// The prefix's tree is checked at its end only (its replayed answers
+	// wait for no tree hash); a tree divergence is localised after.
+	if err := m.replaySession(ctx, f, src.GetSession(), run.GetRun(), prefix, &gatewayv1.Replay{
+		TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
+		AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP, TreeCheckAtEnd: true,
+	}); err != nil {
+		return err
 	}
 	turn, err := m.waitTurn(ctx, prefix, 1)
 	if err != nil {
@@ -654,6 +604,13 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 		f.PrefixSession = fmt.Sprintf("%s-prefix-%d", f.GetFork(), attempt+1)
 		m.saveFork(ctx, f)
 		return m.rebuild(ctx, f)
+	}
+	if d := div.GetDivergence(); d.GetKind() == gatewayv1.DivergenceKind_DIVERGENCE_KIND_TREE && f.GetAtSeq() > 1 {
+		loc, err := m.localiseTree(ctx, f, src.GetSession(), run.GetRun(), prefix, d)
+		if err != nil {
+			return err
+		}
+		div.Divergence = loc
 	}
 	f.ReplayedSteps = div.GetReplayedSteps()
 	if d := div.GetDivergence(); d != nil {
@@ -692,6 +649,123 @@ func (m *Manager) rebuild(ctx context.Context, f *replayv1.Fork) error {
 	}
 	m.saveFork(ctx, f)
 	return nil
+}
+
+// replaySession starts (or finds started) the session prefix that
+// replays f's run as rp says: armed on the gateway, created on the run's
+// sealed replay environment at the run's base commit with the run's
+// harness, model and prompt, its first turn sent. It is idempotent.
+func (m *Manager) replaySession(ctx context.Context, f *replayv1.Fork, s *sessionv1.Session, run *gatewayv1.Run, prefix string, rp *gatewayv1.Replay) error {
+	if _, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: prefix}); fault.Status(err).Code() == codes.NotFound {
+		tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
+		if err != nil || len(tape.GetSteps()) == 0 {
+			return userError(fmt.Sprintf("the tape of run %s could not be read: it may have expired", f.GetRun()))
+		}
+		// Arm the gateway first: the session's first run replays from
+		// its first call, and stops after checking the request that
+		// follows step N.
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Gateway.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: prefix, Replay: rp})
+			return err
+		}); err != nil {
+			return stage("arming the gateway for the prefix session", err)
+		}
+		req := &sessionv1.CreateSessionRequest{
+			Name: prefix, Repo: s.GetRepo(), Harness: replayable[f.GetHarness()],
+			BaseCommit: s.GetBaseCommit(), Message: Prompt(tape.GetSteps()[0]), Model: run.GetModel(),
+			// The taped steps make no model call; the budget only
+			// bounds what a broken replay could spend.
+			Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()},
+		}
+		envName := s.GetEnvironment()
+		if f.GetPinSet() != "" {
+			lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: f.GetPinSet()})
+			if err != nil {
+				return stage("reading the pin set", err)
+			}
+			// The pin set's environment, on the run's repository (the
+			// base commit is there).
+			envName = lock.GetLock().GetEnvironment()
+			if req.Repo == "" {
+				if req.Repo, err = m.environmentRepository(ctx, s.GetEnvironment()); err != nil {
+					return stage("reading the run's environment", err)
+				}
+			}
+			if lock.GetLock().GetHarness() != replayable[f.GetHarness()] {
+				// Another harness: the tape replays only on the CLI that
+				// made it, so the prefix runs the lock's harness and the
+				// gateway finds its first request is not the tape's (a
+				// divergence at step 1, kind model), by design.
+				req.Harness, req.Model, req.HarnessLock = sessionv1.Harness_HARNESS_UNSPECIFIED, "", f.GetPinSet()
+			}
+		}
+		env, err := m.replayEnvironment(ctx, envName)
+		if err != nil {
+			return stage("making the replay environment", err)
+		}
+		req.Environment = env
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Sessions.CreateSession(ctx, req)
+			if fault.Status(err).Code() == codes.AlreadyExists {
+				return nil
+			}
+			return err
+		}); err != nil {
+			return stage("creating the prefix session", err)
+		}
+	} else if err != nil {
+		return stage("reading the prefix session", err)
+	}
+	// A session made while session-svc was draining has no turn yet.
+	if got, err := m.o.Sessions.GetSession(ctx, &sessionv1.GetSessionRequest{Name: prefix}); err != nil {
+		return stage("reading the prefix session", err)
+	} else if len(got.GetSession().GetTurns()) == 0 {
+		tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
+		if err != nil || len(tape.GetSteps()) == 0 {
+			return userError(fmt.Sprintf("the tape of run %s could not be read: it may have expired", f.GetRun()))
+		}
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: prefix, Message: Prompt(tape.GetSteps()[0]),
+				Budget: &sessionv1.Budget{MaxCostUsd: f.GetBudget().GetMaxCostUsd()}})
+			return err
+		}); err != nil {
+			return stage("starting the prefix session's turn", err)
+		}
+	}
+	return nil
+}
+
+// localiseTree finds the step that left another work tree than the run
+// recorded, for a tree divergence d the prefix saw at its end (its tree is
+// hashed only at its last two requests, so d's step is where the
+// difference was seen, not where it was made): a second replay, session
+// <prefix>-tree, of steps 1..d.seq-1 hashes the tree at every step and
+// stops at the first difference. Its divergence, when it has one at or
+// before d's step (of any kind: it is the same replay), is the fork's;
+// else d (a difference the second replay did not reproduce).
+func (m *Manager) localiseTree(ctx context.Context, f *replayv1.Fork, s *sessionv1.Session, run *gatewayv1.Run, prefix string, d *gatewayv1.Divergence) (*gatewayv1.Divergence, error) {
+	name := prefix + "-tree"
+	if err := m.replaySession(ctx, f, s, run, name, &gatewayv1.Replay{
+		TapeRun: f.GetRun(), AtSeq: d.GetSeq() - 1, OnDivergence: gatewayv1.OnDivergence_ON_DIVERGENCE_STOP,
+		AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP,
+	}); err != nil {
+		return nil, err
+	}
+	turn, err := m.waitTurn(ctx, name, 1)
+	if err != nil {
+		return nil, stage("waiting for the tree divergence's second replay", err)
+	}
+	if turn.GetRunId() == "" {
+		return d, nil
+	}
+	got, err := m.o.Gateway.GetDivergence(ctx, &gatewayv1.GetDivergenceRequest{Run: turn.GetRunId()})
+	if err != nil {
+		return nil, stage("reading the second replay's divergence", err)
+	}
+	if l := got.GetDivergence(); l != nil && l.GetSeq() <= d.GetSeq() {
+		return l, nil
+	}
+	return d, nil
 }
 
 // maxPrefixAttempts bounds how often an interrupted prefix is rebuilt.
@@ -737,11 +811,32 @@ func (m *Manager) replayEnvironment(ctx context.Context, env string) (string, er
 	}); err != nil {
 		return "", fmt.Errorf("get environment %s: %w", env, err)
 	}
-	if src.GetEgress() == sandboxv1.Egress_EGRESS_NONE && len(src.GetEnv()) == 0 && src.GetWarmPoolSize() == 0 {
+	if sealedEnvironment(src) {
 		return env, nil
 	}
+	name := ReplayEnvironment(env)
+	if name == env && len(env)+len("-replay") <= 63 {
+		name = env + "-replay" // an open environment named like a sealed one
+	}
+	// Never overwrite an environment that is not sealed (a user's own
+	// environment that happens to have the name): it would lose its
+	// egress and its variables.
+	var existing *sandboxv1.Environment
+	if err := m.retryUnavailable(ctx, func() error {
+		resp, err := m.o.Environments.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: name})
+		if fault.Status(err).Code() == codes.NotFound {
+			return nil
+		}
+		existing = resp.GetEnvironment()
+		return err
+	}); err != nil {
+		return "", fmt.Errorf("get environment %s: %w", name, err)
+	}
+	if existing != nil && !sealedEnvironment(existing) {
+		return "", userError(fmt.Sprintf("the replay environment of %s would be %s, an environment that is not sealed (egress, variables or a warm pool): rename it to fork this run", env, name))
+	}
 	sealed := &sandboxv1.Environment{
-		Name: ReplayEnvironment(env), Repository: src.GetRepository(), BaseRef: src.GetBaseRef(), Setup: src.GetSetup(),
+		Name: name, Repository: src.GetRepository(), BaseRef: src.GetBaseRef(), Setup: src.GetSetup(),
 		Egress: sandboxv1.Egress_EGRESS_NONE, Resources: src.GetResources(), Driver: src.GetDriver(), Image: src.GetImage(),
 		CacheTtl: src.GetCacheTtl(),
 	}
@@ -752,6 +847,12 @@ func (m *Manager) replayEnvironment(ctx context.Context, env string) (string, er
 		return "", fmt.Errorf("apply environment %s: %w", sealed.GetName(), err)
 	}
 	return sealed.GetName(), nil
+}
+
+// sealedEnvironment reports whether e is as a replay's environment must
+// be: egress none, no variables, no warm pool.
+func sealedEnvironment(e *sandboxv1.Environment) bool {
+	return e.GetEgress() == sandboxv1.Egress_EGRESS_NONE && len(e.GetEnv()) == 0 && e.GetWarmPoolSize() == 0
 }
 
 // pinSetError is the answer to a pin_set whose lock cannot be read: the
@@ -771,31 +872,49 @@ func pinSetError(pinSet string, err error) error {
 	return fmt.Errorf("read harness lock %s: %w", pinSet, err)
 }
 
-// trialMessage is the first message of f's trials: ContinueMessage, or,
-// for a pin set on another harness than the run's (which has no
-// conversation to continue), the run's prompt with a note that the work
-// tree holds the work so far.
-func (m *Manager) trialMessage(ctx context.Context, f *replayv1.Fork) (string, error) {
-	if f.GetPinSet() == "" {
-		return ContinueMessage, nil
-	}
-	lock, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: f.GetPinSet()})
+// checkPinSet reads the pin set's harness lock and returns its exact
+// revision (the trials are thawed from it even after a restart). A pin
+// set is a lock with an environment, which must exist here, and whose CLI
+// version the environment's sandboxes run (checked as a thaw checks it,
+// before any sandbox work).
+func (m *Manager) checkPinSet(ctx context.Context, pinSet string) (string, error) {
+	resp, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: pinSet})
 	if err != nil {
-		return "", fmt.Errorf("read harness lock %s: %w", f.GetPinSet(), err)
+		return "", pinSetError(pinSet, err)
 	}
-	if replayable[f.GetHarness()] == lock.GetLock().GetHarness() {
-		return ContinueMessage, nil
+	lock := resp.GetLock()
+	if lock.GetEnvironment() == "" {
+		return "", fault.FailedPrecondition("PIN_SET_NO_ENVIRONMENT",
+			"pin_set %q: harness lock %s pins no environment: a pin set is a lock with an environment (add `environment: ENV` to its record in harnesses.lock.yaml)", pinSet, lock.GetRef())
 	}
-	tape, err := m.o.Gateway.GetTape(ctx, &gatewayv1.GetTapeRequest{Run: f.GetRun()})
-	if err != nil || len(tape.GetSteps()) == 0 {
-		return "", fmt.Errorf("read the tape of %s: %w", f.GetRun(), err)
+	if m.o.Environments != nil {
+		if _, err := m.o.Environments.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: lock.GetEnvironment()}); err != nil {
+			if fault.Status(err).Code() == codes.NotFound {
+				return "", fault.NotFound("PIN_SET_ENVIRONMENT_NOT_FOUND", "pin_set %q: environment %q of harness lock %s does not exist here: apply it (hangar env apply) or pin another", pinSet, lock.GetEnvironment(), lock.GetRef())
+			}
+			return "", fmt.Errorf("get environment %s: %w", lock.GetEnvironment(), err)
+		}
 	}
-	return Prompt(tape.GetSteps()[0]) + "\n\n" + HandoffNote, nil
+	if _, err := m.o.Sessions.GetHarnessLock(ctx, &sessionv1.GetHarnessLockRequest{Lock: lock.GetRef(), CheckCliEnvironment: lock.GetEnvironment()}); err != nil {
+		return "", pinSetError(pinSet, err)
+	}
+	return lock.GetRef(), nil
 }
 
-// HandoffNote follows the run's prompt in a trial on another harness than
-// the run's.
-const HandoffNote = "The work tree already holds the work done so far on this task by another agent: continue from where it stopped."
+// environmentRepository is the repository environment env's sessions work
+// on.
+func (m *Manager) environmentRepository(ctx context.Context, env string) (string, error) {
+	if m.o.Environments == nil {
+		return "", nil
+	}
+	var repo string
+	err := m.retryUnavailable(ctx, func() error {
+		resp, err := m.o.Environments.GetEnvironment(ctx, &sandboxv1.GetEnvironmentRequest{Name: env})
+		repo = resp.GetEnvironment().GetRepository()
+		return err
+	})
+	return repo, err
+}
 
 // trialSession is the session trial n of fork runs in.
 func trialSession(fork string, n int) string { return fork + "-" + strconv.Itoa(n) }
@@ -824,10 +943,7 @@ func (m *Manager) startTrials(ctx context.Context, f *replayv1.Fork) error {
 		}
 		missing = missing[len(batch):]
 	}
-	message, err := m.trialMessage(ctx, f)
-	if err != nil {
-		return stage("reading the pin set", err)
-	}
+	message := ContinueMessage
 	b := f.GetBudget()
 	for i, t := range f.GetTrials() {
 		if t.GetStatus() != replayv1.TrialStatus_TRIAL_STATUS_REPLAYING {
@@ -835,6 +951,18 @@ func (m *Manager) startTrials(ctx context.Context, f *replayv1.Fork) error {
 		}
 		t.Session = trialSession(f.GetFork(), i+1)
 		t.Divergence = f.GetDivergence()
+		// The trial's conversation holds the replay's calls with outside
+		// effects (MCP, web fetch), which failed in the sealed sandbox:
+		// every run of the trial's session shows the model the tape's
+		// outputs instead.
+		if err := m.retryUnavailable(ctx, func() error {
+			_, err := m.o.Gateway.SetReplay(ctx, &gatewayv1.SetReplayRequest{Session: t.GetSession(), Replay: &gatewayv1.Replay{
+				TapeRun: f.GetRun(), AtSeq: f.GetAtSeq(), OutsideOnly: true,
+			}})
+			return err
+		}); err != nil {
+			return stage("arming the gateway for trial "+t.GetId(), err)
+		}
 		var turn *sessionv1.Turn
 		err := m.retry(ctx, func() error {
 			resp, err := m.o.Sessions.SendMessage(ctx, &sessionv1.SendMessageRequest{Name: t.GetSession(), Message: message,

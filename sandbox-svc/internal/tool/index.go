@@ -8,17 +8,18 @@ import (
 	"os"
 )
 
-// gitIndex is what restore reads of a git index file: each entry's path
-// and modification second, and the tree its cache-tree extension vouches
-// for ("" when it has none or its root is invalidated).
+// gitIndex is what restore reads of a git index file: each entry's path,
+// modification second and owner, and the tree its cache-tree extension
+// vouches for ("" when it has none or its root is invalidated).
 type gitIndex struct {
 	entries []indexEntry
 	tree    string
 }
 
 type indexEntry struct {
-	name  string
-	mtime int64
+	name     string
+	mtime    int64
+	uid, gid uint32
 }
 
 var errIndexFormat = errors.New("index: a format this reader does not know")
@@ -50,7 +51,10 @@ func readIndex(path string, hashLen int) (*gitIndex, error) {
 			return nil, errIndexFormat
 		}
 		e := body[off:]
+		// Stat data: ctime, mtime (seconds, nanoseconds each), dev,
+		// ino, mode, uid, gid, size; 4 bytes each.
 		mtime := int64(binary.BigEndian.Uint32(e[8:12]))
+		uid, gid := binary.BigEndian.Uint32(e[28:32]), binary.BigEndian.Uint32(e[32:36])
 		flags := binary.BigEndian.Uint16(e[40+hashLen:])
 		start := fixed
 		if flags&0x4000 != 0 {
@@ -72,7 +76,7 @@ func readIndex(path string, hashLen int) (*gitIndex, error) {
 			// skip-worktree): not an index that is its tree.
 			odd = true
 		}
-		idx.entries = append(idx.entries, indexEntry{name: name, mtime: mtime})
+		idx.entries = append(idx.entries, indexEntry{name: name, mtime: mtime, uid: uid, gid: gid})
 		// Entries are padded with NULs to a multiple of 8 bytes.
 		off += (start + end + 8) &^ 7
 	}

@@ -157,11 +157,26 @@ func probe(ctx context.Context, req *sandboxtool.ProbeRequest, _ io.Reader, out 
 	defer os.Remove(itmp)
 	var (
 		types              [][2]string
-		refs               string
+		refs, tree         string
 		scan, staged       []byte
 		ancestor, hasIndex bool
 	)
 	g, gctx := errgroup.WithContext(ctx)
+	// The work tree's tree, from the index's copy (an empty index when
+	// there is none). Its walk of the work tree runs beside the untracked
+	// scan's, not after it. Its error counts only when there is something
+	// to capture (a HEAD and the base).
+	var treeErr error
+	writeTree := func() error {
+		env := []string{"GIT_INDEX_FILE=" + tmp}
+		if _, _, treeErr = r.run(gctx, gitCmd{args: []string{"add", "-A"}, env: env}); treeErr != nil {
+			return nil
+		}
+		var t []byte
+		t, _, treeErr = r.run(gctx, gitCmd{args: []string{"write-tree"}, env: env})
+		tree = strings.TrimSpace(string(t))
+		return nil
+	}
 	g.Go(func() error {
 		var err error
 		types, err = r.objectTypes(gctx, "HEAD", "HEAD^{tree}", req.Base+"^{commit}", cached+"^{tree}")
@@ -193,7 +208,7 @@ func probe(ctx context.Context, req *sandboxtool.ProbeRequest, _ io.Reader, out 
 	}
 	g.Go(func() error {
 		if !isFile(loc.index) {
-			return nil
+			return writeTree()
 		}
 		if !sameFile(loc.index, stamp) {
 			refreshStamp(gctx, r, loc.index, stamp)
@@ -206,7 +221,7 @@ func probe(ctx context.Context, req *sandboxtool.ProbeRequest, _ io.Reader, out 
 			}
 		}
 		hasIndex = true
-		return nil
+		return writeTree()
 	})
 	if err := g.Wait(); err != nil {
 		return err
@@ -233,6 +248,10 @@ func probe(ctx context.Context, req *sandboxtool.ProbeRequest, _ io.Reader, out 
 	if res.Head == "none" || res.Base == "missing" {
 		return writeJSON(out, res)
 	}
+	if treeErr != nil {
+		return treeErr
+	}
+	res.Tree = tree
 	res.Ancestor = req.PreviousHead != "" && (req.PreviousHead == res.Head || ancestor)
 
 	g, gctx = errgroup.WithContext(ctx)
@@ -251,15 +270,6 @@ func probe(ctx context.Context, req *sandboxtool.ProbeRequest, _ io.Reader, out 
 		}
 		res.ITree = itree
 		return nil
-	})
-	g.Go(func() error {
-		env := []string{"GIT_INDEX_FILE=" + tmp}
-		if _, _, err := r.run(gctx, gitCmd{args: []string{"add", "-A"}, env: env}); err != nil {
-			return err
-		}
-		tree, _, err := r.run(gctx, gitCmd{args: []string{"write-tree"}, env: env})
-		res.Tree = strings.TrimSpace(string(tree))
-		return err
 	})
 	if err := g.Wait(); err != nil {
 		return err

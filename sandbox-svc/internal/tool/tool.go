@@ -61,6 +61,8 @@ func commands() map[string]command {
 		sandboxtool.CommandWorkDiff:     typed(workDiff),
 		sandboxtool.CommandCopyPrepare:  typed(copyPrepare),
 		sandboxtool.CommandFromLocal:    typed(fromLocal),
+		sandboxtool.CommandClone:        typed(cloneCommand),
+		sandboxtool.CommandFile:         typed(fileCommand),
 	}
 }
 
@@ -84,6 +86,9 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	}
 	if args[1] == "agent" {
 		return agentMain(ctx, args[2:], stdin, stdout, stderr)
+	}
+	if cmd, ok := argvCommands()[args[1]]; ok {
+		return runArgv(ctx, cmd, args, stdin, stdout, stderr)
 	}
 	cmd, ok := commands()[args[1]]
 	if !ok {

@@ -34,6 +34,10 @@ type Lock struct {
 	Approvals string
 	// CLIVersion is the agent CLI's version ("2.1.332").
 	CLIVersion string
+	// Environment is the environment a pin set on this lock (a fork at a
+	// step's pin_set) runs in; optional ("": the lock is no pin set). A
+	// thaw takes its environment from the caller.
+	Environment string
 	// Commit is the harness repository's commit the record was read at.
 	Commit string
 }
@@ -49,6 +53,8 @@ var (
 	// cliVersion is a release version: 2.1.332, 0.171.0, 1.6.0-beta.1.
 	cliVersion = regexp.MustCompile(`^[0-9]+(\.[0-9]+)*([-+][0-9A-Za-z.-]+)?$`)
 	lockRef    = regexp.MustCompile(`^([^@\s]+)(?:@r([0-9]+))?$`)
+	// envName is an environment's name (a DNS label, as sandbox-svc has it).
+	envName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 )
 
 // ParseError is a lock file that does not parse, or holds a record that is
@@ -82,9 +88,10 @@ func parseErr(n *yaml.Node, format string, args ...any) error {
 //	    model: claude-sonnet-4-5-20250929
 //	    approvals: never
 //	    cli_version: 2.1.332
+//	    environment: python               # optional: for pin sets
 //
-// Every field is required; unknown keys are refused (a typo must not
-// leave a field unpinned). The locks come back sorted by name.
+// Every field but environment is required; unknown keys are refused (a
+// typo must not leave a field unpinned). The locks come back sorted by name.
 func Parse(data []byte) ([]Lock, error) {
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -181,8 +188,13 @@ func parseRecord(name string, n *yaml.Node) (Lock, error) {
 				return l, parseErr(v, "lock %q: cli_version %q: want the CLI's release version, e.g. 2.1.332", name, v.Value)
 			}
 			l.CLIVersion = val
+		case "environment":
+			if !envName.MatchString(val) {
+				return l, parseErr(v, "lock %q: environment %q: want an environment's name (lowercase letters, digits and '-', at most 63)", name, v.Value)
+			}
+			l.Environment = val
 		default:
-			return l, parseErr(k, "lock %q: unknown field %q (want revision, harness, model, approvals, cli_version)", name, k.Value)
+			return l, parseErr(k, "lock %q: unknown field %q (want revision, harness, model, approvals, cli_version, and optionally environment)", name, k.Value)
 		}
 	}
 	for _, f := range []string{"revision", "harness", "model", "approvals", "cli_version"} {

@@ -20,6 +20,7 @@ locks:
     model: gpt-5.5
     approvals: ask
     cli_version: 0.171.0
+    environment: python
 `
 
 func TestParse(t *testing.T) {
@@ -28,7 +29,7 @@ func TestParse(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Lock{
-		{Name: "codex-ci", Revision: 3, Harness: "codex", Model: "gpt-5.5", Approvals: "ask", CLIVersion: "0.171.0"},
+		{Name: "codex-ci", Revision: 3, Harness: "codex", Model: "gpt-5.5", Approvals: "ask", CLIVersion: "0.171.0", Environment: "python"},
 		{Name: "team-default", Revision: 14, Harness: "claude", Model: "claude-sonnet-4-5-20250929", Approvals: "never", CLIVersion: "2.1.332"},
 	}
 	if len(locks) != len(want) {
@@ -69,6 +70,7 @@ func TestParseRefusesWhatIsNotALock(t *testing.T) {
 		{"bad version", record(strings.Replace(all, "cli_version: 2.1.332", "cli_version: latest", 1)), 7, `cli_version "latest"`},
 		{"unknown field", record(all + "    modle: x\n"), 8, `unknown field "modle"`},
 		{"field a list", record(strings.Replace(all, "model: m", "model: [a]", 1)), 5, "model must be a single value"},
+		{"bad environment", record(all + "    environment: Py_3\n"), 8, `environment "Py_3"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.file))

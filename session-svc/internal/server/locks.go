@@ -45,6 +45,11 @@ func (s *Sessions) GetHarnessLock(ctx context.Context, req *sessionv1.GetHarness
 	if err != nil {
 		return nil, err
 	}
+	if env := req.GetCheckCliEnvironment(); env != "" {
+		if err := s.m.CheckLockCLI(ctx, l, env); err != nil {
+			return nil, err
+		}
+	}
 	return &sessionv1.GetHarnessLockResponse{Lock: harnessLockProto(l)}, nil
 }
 
@@ -56,5 +61,6 @@ func harnessLockProto(l harnesslock.Lock) *sessionv1.HarnessLock {
 	return &sessionv1.HarnessLock{
 		Name: l.Name, Revision: int32(l.Revision), Ref: l.Ref(), Harness: harnessEnum(l.Harness), Model: l.Model,
 		Approvals: approvalModeEnum(l.Approvals), CliVersion: l.CLIVersion, Commit: l.Commit,
+		Environment: l.Environment,
 	}
 }

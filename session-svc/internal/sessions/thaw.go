@@ -87,6 +87,14 @@ func (m *Manager) forkLock(ctx context.Context, ref, environment string) (harnes
 	return lock, nil
 }
 
+// CheckLockCLI refuses lock, as a thaw does, when environment's sandboxes
+// run another version of its harness's CLI (GetHarnessLock's
+// check_cli_environment: a fork at a step's pin set is checked before its
+// prefix is rebuilt).
+func (m *Manager) CheckLockCLI(ctx context.Context, lock harnesslock.Lock, environment string) error {
+	return m.checkCLIVersion(ctx, lock, environment)
+}
+
 // checkCLIVersion refuses lock when the sandboxes' CLI of its harness is
 // another version, saying which to install or which lock pins the one
 // there. It asks this host's CLI, which is the sandboxes' own only under

@@ -330,11 +330,31 @@ func (m *Manager) runTurn(ctx context.Context, name string, number int, in TurnI
 		defer stopHold()
 	}
 
-	res := m.executeTurn(ctx, name, number, in, at)
+	var runID string
+	res := m.executeTurn(ctx, name, number, in, at, &runID)
 	// Recording the end must happen even when the turn was cancelled.
 	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
-	m.finishTurn(endCtx, log, name, number, res)
+	// The gateway run ends while the turn's end is recorded (its
+	// checkpoint needs no gateway), not before: one round trip fewer on
+	// the turn's path. A turn that did not complete (the agent stopped
+	// mid-step: its tool shells may still be running) ends it first, as
+	// before, so nothing they send is answered. Either way it has ended
+	// before the turn's end is written.
+	runEnded := make(chan struct{})
+	switch {
+	case runID == "":
+		close(runEnded)
+	case res.outcome == store.OutcomeCompleted || res.outcome == store.OutcomeNeedsInput:
+		go func() {
+			defer close(runEnded)
+			m.endRun(ctx, runID)
+		}()
+	default:
+		m.endRun(ctx, runID)
+		close(runEnded)
+	}
+	m.finishTurn(endCtx, log, name, number, res, runEnded)
 }
 
 // renewHold keeps a hold alive until the returned function is called, which
@@ -364,8 +384,9 @@ func (m *Manager) renewHold(ctx context.Context, hold holds.Hold) func() {
 }
 
 // executeTurn does the turn's work and says how it went; it records nothing
-// final (finishTurn does).
-func (m *Manager) executeTurn(ctx context.Context, name string, number int, in TurnInput, at *activeTurn) turnResult {
+// final (finishTurn does). The gateway run it creates is put in *runOut
+// for the caller to end.
+func (m *Manager) executeTurn(ctx context.Context, name string, number int, in TurnInput, at *activeTurn, runOut *string) turnResult {
 	failed := func(reason string, err error) turnResult {
 		switch {
 		case errors.Is(context.Cause(ctx), errShutdown):
@@ -450,14 +471,10 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 		return failed("gateway refused the run", err)
 	}
 	runID := run.GetRun().GetId()
+	*runOut = runID
 	m.mu.Lock()
 	at.runID = runID
 	m.mu.Unlock()
-	defer func() {
-		if _, err := m.d.Gateway.EndRun(context.WithoutCancel(ctx), &gatewayv1.EndRunRequest{Run: runID}); err != nil {
-			m.log.WarnContext(ctx, "gateway run not ended", "run", runID, "error", err)
-		}
-	}()
 
 	hturn := harness.Turn{Message: message, ConversationID: conversation, ForkFrom: forkFrom}
 	if conversation == "" || forkFrom != "" {
@@ -611,8 +628,9 @@ func (m *Manager) executeTurn(ctx context.Context, name string, number int, in T
 }
 
 // finishTurn records a turn's end: its outcome and usage, a checkpoint, the
-// conversation id, and the session's next state.
-func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string, number int, res turnResult) {
+// conversation id, and the session's next state. runEnded is closed once
+// the turn's gateway run has ended.
+func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string, number int, res turnResult, runEnded <-chan struct{}) {
 	// A database that is down (a restart, a failover) is waited for: the
 	// turn's end is recorded once it is back, within ctx.
 	var s *store.Session
@@ -663,6 +681,9 @@ func (m *Manager) finishTurn(ctx context.Context, log *slog.Logger, name string,
 			checkpointID = cp.GetId()
 		}
 	}
+	// The gateway run ends alongside the checkpoint (see runTurn); it has
+	// ended before the session leaves running.
+	<-runEnded
 	u := res.usage
 	m.appendStoreEvents(ctx, name, []store.Event{{Turn: number, Kind: "usage", Text: fmt.Sprintf("turn %d: %s", number, res.outcome), Usage: &u}})
 	next := store.StateIdle

@@ -777,12 +777,26 @@ func (x *Budget) GetMaxTokens() int64 {
 type Replay struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run whose tape is replayed.
-	TapeRun       string       `protobuf:"bytes,1,opt,name=tape_run,json=tapeRun,proto3" json:"tape_run,omitempty"`
-	AtSeq         int32        `protobuf:"varint,2,opt,name=at_seq,json=atSeq,proto3" json:"at_seq,omitempty"`
-	OnDivergence  OnDivergence `protobuf:"varint,3,opt,name=on_divergence,json=onDivergence,proto3,enum=hangar.gateway.v1.OnDivergence" json:"on_divergence,omitempty"`
-	AfterPrefix   AfterPrefix  `protobuf:"varint,4,opt,name=after_prefix,json=afterPrefix,proto3,enum=hangar.gateway.v1.AfterPrefix" json:"after_prefix,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TapeRun      string       `protobuf:"bytes,1,opt,name=tape_run,json=tapeRun,proto3" json:"tape_run,omitempty"`
+	AtSeq        int32        `protobuf:"varint,2,opt,name=at_seq,json=atSeq,proto3" json:"at_seq,omitempty"`
+	OnDivergence OnDivergence `protobuf:"varint,3,opt,name=on_divergence,json=onDivergence,proto3,enum=hangar.gateway.v1.OnDivergence" json:"on_divergence,omitempty"`
+	AfterPrefix  AfterPrefix  `protobuf:"varint,4,opt,name=after_prefix,json=afterPrefix,proto3,enum=hangar.gateway.v1.AfterPrefix" json:"after_prefix,omitempty"`
+	// Nothing is answered from the tape or compared: the run is live from
+	// its first call, but the outputs of the calls with effects outside the
+	// sandbox (MCP tools, web fetch) that its conversation holds are taken
+	// from tape_run's request after at_seq before the request goes upstream.
+	// A trial continuing a replayed prefix: its conversation holds the
+	// replay's failed outside calls. Armed for a session, it applies to every
+	// run of that session, not only the first.
+	OutsideOnly bool `protobuf:"varint,5,opt,name=outside_only,json=outsideOnly,proto3" json:"outside_only,omitempty"`
+	// The work tree hash is taken (and compared with the tape's) only at the
+	// last two requests of the prefix, at_seq and at_seq+1, not at every
+	// replayed step: a replayed answer waits for no hash. A tree divergence
+	// is then seen at the end of the prefix, not at the step that made it
+	// (replay-svc localises it with a second replay that hashes every step).
+	TreeCheckAtEnd bool `protobuf:"varint,6,opt,name=tree_check_at_end,json=treeCheckAtEnd,proto3" json:"tree_check_at_end,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Replay) Reset() {
@@ -841,6 +855,20 @@ func (x *Replay) GetAfterPrefix() AfterPrefix {
 		return x.AfterPrefix
 	}
 	return AfterPrefix_AFTER_PREFIX_UNSPECIFIED
+}
+
+func (x *Replay) GetOutsideOnly() bool {
+	if x != nil {
+		return x.OutsideOnly
+	}
+	return false
+}
+
+func (x *Replay) GetTreeCheckAtEnd() bool {
+	if x != nil {
+		return x.TreeCheckAtEnd
+	}
+	return false
 }
 
 // Step is one model call on a run's tape.
@@ -1414,12 +1442,14 @@ const file_hangar_gateway_v1_message_proto_rawDesc = "" +
 	"\fmax_cost_usd\x18\x01 \x01(\x01R\n" +
 	"maxCostUsd\x12\x1d\n" +
 	"\n" +
-	"max_tokens\x18\x02 \x01(\x03R\tmaxTokens\"\xc3\x01\n" +
+	"max_tokens\x18\x02 \x01(\x03R\tmaxTokens\"\x91\x02\n" +
 	"\x06Replay\x12\x19\n" +
 	"\btape_run\x18\x01 \x01(\tR\atapeRun\x12\x15\n" +
 	"\x06at_seq\x18\x02 \x01(\x05R\x05atSeq\x12D\n" +
 	"\ron_divergence\x18\x03 \x01(\x0e2\x1f.hangar.gateway.v1.OnDivergenceR\fonDivergence\x12A\n" +
-	"\fafter_prefix\x18\x04 \x01(\x0e2\x1e.hangar.gateway.v1.AfterPrefixR\vafterPrefix\"\xae\x04\n" +
+	"\fafter_prefix\x18\x04 \x01(\x0e2\x1e.hangar.gateway.v1.AfterPrefixR\vafterPrefix\x12!\n" +
+	"\foutside_only\x18\x05 \x01(\bR\voutsideOnly\x12)\n" +
+	"\x11tree_check_at_end\x18\x06 \x01(\bR\x0etreeCheckAtEnd\"\xae\x04\n" +
 	"\x04Step\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x127\n" +

@@ -660,10 +660,13 @@ type Trial struct {
 	// The session the trial runs in.
 	Session string `protobuf:"bytes,10,opt,name=session,proto3" json:"session,omitempty"`
 	// The trial's own gateway run.
-	Run           string                 `protobuf:"bytes,11,opt,name=run,proto3" json:"run,omitempty"`
-	CostUsd       float64                `protobuf:"fixed64,12,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	EndedAt       *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	Run       string                 `protobuf:"bytes,11,opt,name=run,proto3" json:"run,omitempty"`
+	CostUsd   float64                `protobuf:"fixed64,12,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	EndedAt   *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// The harness lock (pin set) the trial ran, NAME@rREV; "" when it ran
+	// the run's own harness and model.
+	PinSet        string `protobuf:"bytes,15,opt,name=pin_set,json=pinSet,proto3" json:"pin_set,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -796,6 +799,13 @@ func (x *Trial) GetEndedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Trial) GetPinSet() string {
+	if x != nil {
+		return x.PinSet
+	}
+	return ""
+}
+
 var File_hangar_replay_v1_message_proto protoreflect.FileDescriptor
 
 const file_hangar_replay_v1_message_proto_rawDesc = "" +
@@ -837,7 +847,7 @@ const file_hangar_replay_v1_message_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x02 \x01(\x03R\tmaxTokens\x12\x1f\n" +
 	"\vmax_minutes\x18\x03 \x01(\x05R\n" +
-	"maxMinutes\"\xfa\x03\n" +
+	"maxMinutes\"\x93\x04\n" +
 	"\x05Trial\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04fork\x18\x02 \x01(\tR\x04fork\x12\x16\n" +
@@ -856,7 +866,8 @@ const file_hangar_replay_v1_message_proto_rawDesc = "" +
 	"\bcost_usd\x18\f \x01(\x01R\acostUsd\x129\n" +
 	"\n" +
 	"created_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x125\n" +
-	"\bended_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\aendedAtB\x05\n" +
+	"\bended_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12\x17\n" +
+	"\apin_set\x18\x0f \x01(\tR\x06pinSetB\x05\n" +
 	"\x03_aa*\xc4\x01\n" +
 	"\n" +
 	"ForkStatus\x12\x1b\n" +

@@ -1912,7 +1912,10 @@ type HarnessLock struct {
 	// The agent CLI's release version, e.g. "2.1.332".
 	CliVersion string `protobuf:"bytes,7,opt,name=cli_version,json=cliVersion,proto3" json:"cli_version,omitempty"`
 	// The harness repository's commit the record was read at.
-	Commit        string `protobuf:"bytes,8,opt,name=commit,proto3" json:"commit,omitempty"`
+	Commit string `protobuf:"bytes,8,opt,name=commit,proto3" json:"commit,omitempty"`
+	// The environment a pin set on this lock runs in (a fork at a step's
+	// pin_set); "" when the lock pins none. A thaw takes its own.
+	Environment   string `protobuf:"bytes,9,opt,name=environment,proto3" json:"environment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1999,6 +2002,13 @@ func (x *HarnessLock) GetCliVersion() string {
 func (x *HarnessLock) GetCommit() string {
 	if x != nil {
 		return x.Commit
+	}
+	return ""
+}
+
+func (x *HarnessLock) GetEnvironment() string {
+	if x != nil {
+		return x.Environment
 	}
 	return ""
 }
@@ -2566,7 +2576,7 @@ const file_hangar_session_v1_message_proto_rawDesc = "" +
 	"\tDriftItem\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06locked\x18\x02 \x01(\tR\x06locked\x12\x16\n" +
-	"\x06actual\x18\x03 \x01(\tR\x06actual\"\x93\x02\n" +
+	"\x06actual\x18\x03 \x01(\tR\x06actual\"\xb5\x02\n" +
 	"\vHarnessLock\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x05R\brevision\x12\x10\n" +
@@ -2576,7 +2586,8 @@ const file_hangar_session_v1_message_proto_rawDesc = "" +
 	"\tapprovals\x18\x06 \x01(\x0e2\x1f.hangar.session.v1.ApprovalModeR\tapprovals\x12\x1f\n" +
 	"\vcli_version\x18\a \x01(\tR\n" +
 	"cliVersion\x12\x16\n" +
-	"\x06commit\x18\b \x01(\tR\x06commit\"W\n" +
+	"\x06commit\x18\b \x01(\tR\x06commit\x12 \n" +
+	"\venvironment\x18\t \x01(\tR\venvironment\"W\n" +
 	"\n" +
 	"Attachment\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +

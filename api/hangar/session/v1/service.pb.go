@@ -3422,9 +3422,13 @@ func (x *ListHarnessLocksResponse) GetCommit() string {
 type GetHarnessLockRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// NAME@rREV ("team-default@r14"), or NAME for its newest revision.
-	Lock          string `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Lock string `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	// Also check, as a thaw does, that this environment's sandboxes run the
+	// CLI version the lock pins: FailedPrecondition (HARNESS_CLI_VERSION)
+	// saying what to install otherwise. "": no check.
+	CheckCliEnvironment string `protobuf:"bytes,2,opt,name=check_cli_environment,json=checkCliEnvironment,proto3" json:"check_cli_environment,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *GetHarnessLockRequest) Reset() {
@@ -3460,6 +3464,13 @@ func (*GetHarnessLockRequest) Descriptor() ([]byte, []int) {
 func (x *GetHarnessLockRequest) GetLock() string {
 	if x != nil {
 		return x.Lock
+	}
+	return ""
+}
+
+func (x *GetHarnessLockRequest) GetCheckCliEnvironment() string {
+	if x != nil {
+		return x.CheckCliEnvironment
 	}
 	return ""
 }
@@ -3739,9 +3750,10 @@ const file_hangar_session_v1_service_proto_rawDesc = "" +
 	"\n" +
 	"repository\x18\x02 \x01(\tR\n" +
 	"repository\x12\x16\n" +
-	"\x06commit\x18\x03 \x01(\tR\x06commit\"+\n" +
+	"\x06commit\x18\x03 \x01(\tR\x06commit\"_\n" +
 	"\x15GetHarnessLockRequest\x12\x12\n" +
-	"\x04lock\x18\x01 \x01(\tR\x04lock\"L\n" +
+	"\x04lock\x18\x01 \x01(\tR\x04lock\x122\n" +
+	"\x15check_cli_environment\x18\x02 \x01(\tR\x13checkCliEnvironment\"L\n" +
 	"\x16GetHarnessLockResponse\x122\n" +
 	"\x04lock\x18\x01 \x01(\v2\x1e.hangar.session.v1.HarnessLockR\x04lock2\xb5\x1e\n" +
 	"\x0eSessionService\x12|\n" +

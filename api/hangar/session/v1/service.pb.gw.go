@@ -1278,6 +1278,8 @@ func local_request_SessionService_ListHarnessLocks_0(ctx context.Context, marsha
 	return msg, metadata, err
 }
 
+var filter_SessionService_GetHarnessLock_0 = &utilities.DoubleArray{Encoding: map[string]int{"lock": 0}, Base: []int{1, 1, 0}, Check: []int{0, 1, 2}}
+
 func request_SessionService_GetHarnessLock_0(ctx context.Context, marshaler runtime.Marshaler, client SessionServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
 		protoReq GetHarnessLockRequest
@@ -1291,6 +1293,12 @@ func request_SessionService_GetHarnessLock_0(ctx context.Context, marshaler runt
 	protoReq.Lock, err = runtime.String(val)
 	if err != nil {
 		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "lock", err)
+	}
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_SessionService_GetHarnessLock_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	if req.Body != nil {
 		_, _ = io.Copy(io.Discard, req.Body)
@@ -1312,6 +1320,12 @@ func local_request_SessionService_GetHarnessLock_0(ctx context.Context, marshale
 	protoReq.Lock, err = runtime.String(val)
 	if err != nil {
 		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "lock", err)
+	}
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_SessionService_GetHarnessLock_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	msg, err := server.GetHarnessLock(ctx, &protoReq)
 	return msg, metadata, err

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
@@ -289,6 +290,67 @@ func TestEgressNoneNetworkPolicy(t *testing.T) {
 	}
 	if _, ok := getPod(t, d, podName("sb-egress2")); ok {
 		t.Error("pod left behind")
+	}
+}
+
+// A gateway named by its Service (the deployment's gateway-svc:7404): the
+// sandbox reaches it by cluster IP (egress none has no DNS) and the policy
+// allows the Service's pods on their target port.
+func TestEgressNoneToGatewayService(t *testing.T) {
+	c := needCluster(t)
+	ns := newNamespace(t, c)
+	svc, err := c.Client.CoreV1().Services(ns).Create(context.Background(), &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "gateway-svc"},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app.kubernetes.io/name": "gateway-svc"},
+			Ports:    []corev1.ServicePort{{Name: "http", Port: 7404, TargetPort: intstr.FromString("gateway")}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDriver(t, c, ns, func(o *Options) { o.Gateway = "gateway-svc:7404" })
+	sb := started(t, d, driver.Spec{ID: "sb-egress-svc", Environment: "locked", Egress: driver.EgressNone})
+	np, err := d.client.NetworkingV1().NetworkPolicies(ns).Get(context.Background(), sb.pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("no network policy: %v", err)
+	}
+	if len(np.Spec.Egress) != 1 || len(np.Spec.Egress[0].To) != 1 || np.Spec.Egress[0].To[0].PodSelector == nil ||
+		np.Spec.Egress[0].To[0].PodSelector.MatchLabels["app.kubernetes.io/name"] != "gateway-svc" || np.Spec.Egress[0].To[0].IPBlock != nil ||
+		np.Spec.Egress[0].Ports[0].Port.String() != "gateway" {
+		t.Errorf("egress rules %+v, want only the gateway Service's pods on port \"gateway\"", np.Spec.Egress)
+	}
+	want := svc.Spec.ClusterIP + ":7404"
+	if got := d.gatewayAddr(); got != want || svc.Spec.ClusterIP == "" {
+		t.Errorf("HANGAR_GATEWAY_ADDR %q, want the cluster IP %q", got, want)
+	}
+	env := strings.Join(sb.env(nil, nil), "\n")
+	if !strings.Contains(env, "HANGAR_GATEWAY_ADDR="+want+"\n") && !strings.HasSuffix(env, "HANGAR_GATEWAY_ADDR="+want) {
+		t.Errorf("the sandbox's environment names another gateway:\n%s", env)
+	}
+	// A Service of another name: refused, no pod left.
+	other := newDriver(t, c, ns, func(o *Options) { o.Gateway = "no-such-svc:7404" })
+	if _, err := other.Create(context.Background(), driver.Spec{ID: "sb-egress-svc2", Egress: driver.EgressNone, Repository: "/nowhere"}); !errors.Is(err, driver.ErrEgressUnsupported) || !strings.Contains(err.Error(), "no-such-svc") {
+		t.Errorf("egress none with a missing gateway Service: %v", err)
+	}
+	if _, ok := getPod(t, d, podName("sb-egress-svc2")); ok {
+		t.Error("pod left behind")
+	}
+}
+
+func TestServiceName(t *testing.T) {
+	for _, c := range []struct{ host, name, ns string }{
+		{"gateway-svc", "gateway-svc", "hangar"},
+		{"gateway-svc.other", "gateway-svc", "other"},
+		{"gateway-svc.other.svc", "gateway-svc", "other"},
+		{"gateway-svc.other.svc.cluster.local", "gateway-svc", "other"},
+		{"gateway.example.com", "", ""},
+		{"", "", ""},
+	} {
+		name, ns, ok := serviceName(c.host, "hangar")
+		if name != c.name || ns != c.ns || ok != (c.name != "") {
+			t.Errorf("serviceName(%q) = %q %q %v", c.host, name, ns, ok)
+		}
 	}
 }
 

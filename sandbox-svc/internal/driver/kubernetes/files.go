@@ -3,106 +3,68 @@ package kubernetes
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"path"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 )
 
-// File access runs small POSIX sh scripts in the pod (GNU coreutils and
-// findutils, as in the Debian images): the path is resolved there with
-// realpath, so a symlink that leaves the sandbox directory is refused as
-// the local driver's os.Root refuses it. Exit codes say what went wrong.
-const filePrelude = `root=$1; p=$2; shift 2
-inside() { case "$1" in "$root"|"$root"/*) return 0;; esac; return 1; }
-statline() { if [ -L "$1" ]; then l=$(readlink -- "$1"); else l=; fi; printf '%s\t%s\n' "$(stat -c '%f %s %Y' -- "$1")" "$l"; }
-`
+// File access runs the tool's file command in the pod: the path is
+// resolved there, so a symlink that leaves the sandbox directory is
+// refused as the local driver's os.Root refuses it. Its exit code says
+// what went wrong.
 
-const (
-	fileNotFound = 2
-	fileOutside  = 3
-	fileIsDir    = 4
-	fileNotDir   = 5
-	fileTooLarge = 6
-)
-
-// statScript: the final component is not followed.
-const statScript = filePrelude + `parent=$(realpath -m -- "$(dirname -- "$p")"); inside "$parent" || exit 3
-f="$parent/$(basename -- "$p")"; [ "$p" = "$root" ] && f=$root
-[ -e "$f" ] || [ -L "$f" ] || exit 2
-statline "$f"`
-
-const readScript = filePrelude + `limit=$1
-r=$(realpath -m -- "$p"); inside "$r" || exit 3
-[ -e "$r" ] || exit 2
-[ -d "$r" ] && exit 4
-s=$(stat -c %s -- "$r"); [ "$s" -gt "$limit" ] && exit 6
-statline "$r" >&2
-cat -- "$r"`
-
-const writeScript = filePrelude + `mode=$1
-parent=$(realpath -m -- "$(dirname -- "$p")"); inside "$parent" || exit 3
-f="$parent/$(basename -- "$p")"
-if [ -L "$f" ]; then f=$(realpath -m -- "$f"); inside "$f" || exit 3; parent=$(dirname -- "$f"); fi
-[ -d "$f" ] && exit 4
-mkdir -p -- "$parent" 2>/dev/null || exit 5
-t="$parent/.hangar-write.$$"
-cat > "$t" && chmod "$mode" "$t" && mv -f -- "$t" "$f" || { rm -f -- "$t"; exit 1; }
-statline "$f"`
-
-const listScript = filePrelude + `r=$(realpath -m -- "$p"); inside "$r" || exit 3
-[ -e "$r" ] || exit 2
-[ -d "$r" ] || exit 5
-cd "$r" || exit 1
-for f in * .[!.]* ..?*; do
-  [ -e "$f" ] || [ -L "$f" ] || continue
-  printf '%s\0' "$f"; statline "$f"
-done`
-
-// fileOp runs a file script; the exit code maps to the driver's errors.
-func (sb *Sandbox) fileOp(ctx context.Context, script, p string, stdin []byte, args ...string) (string, string, error) {
+// fileOp runs one file operation on p; content follows the request for
+// a write. It returns the response and what follows it (a read's content).
+func (sb *Sandbox) fileOp(ctx context.Context, req sandboxtool.FileRequest, p string, content []byte) (sandboxtool.FileResponse, []byte, error) {
 	abs, err := sb.resolve(p)
 	if err != nil {
-		return "", "", err
+		return sandboxtool.FileResponse{}, nil, err
 	}
-	argv := append([]string{"sh", "-c", script, "hangar-file", sb.dir(), abs}, args...)
-	var in *bytes.Reader
-	req := driver.ExecRequest{Argv: argv}
-	if stdin != nil {
-		in = bytes.NewReader(stdin)
-		req.Stdin = in
+	req.Root, req.Path = sb.dir(), abs
+	line, err := sandboxtool.Request(req)
+	if err != nil {
+		return sandboxtool.FileResponse{}, nil, err
 	}
 	var out bytes.Buffer
 	var errOut limitedBuffer
-	req.Stdout, req.Stderr = &out, &errOut
-	proc, err := sb.start(ctx, req, "/")
+	proc, err := sb.start(ctx, driver.ExecRequest{Argv: []string{toolBin, sandboxtool.CommandFile},
+		Stdin: io.MultiReader(bytes.NewReader(line), bytes.NewReader(content)), Stdout: &out, Stderr: &errOut}, "/")
 	if err != nil {
-		return "", "", err
+		return sandboxtool.FileResponse{}, nil, err
 	}
 	st, err := proc.Wait()
 	if err != nil {
-		return "", "", err
+		return sandboxtool.FileResponse{}, nil, err
 	}
 	switch st.Code {
 	case 0:
-		return out.String(), errOut.String(), nil
-	case fileNotFound:
-		return "", "", fmt.Errorf("%w: %s", driver.ErrFileNotFound, p)
-	case fileOutside:
-		return "", "", fmt.Errorf("%w: %s", driver.ErrOutsideSandbox, p)
-	case fileIsDir:
-		return "", "", fmt.Errorf("%w: %s", driver.ErrIsDirectory, p)
-	case fileNotDir:
-		return "", "", fmt.Errorf("%w: %s", driver.ErrNotDirectory, p)
-	case fileTooLarge:
-		return "", "", fmt.Errorf("%w: %s", driver.ErrTooLarge, p)
+		head, rest, _ := bytes.Cut(out.Bytes(), []byte("\n"))
+		var resp sandboxtool.FileResponse
+		if err := json.Unmarshal(head, &resp); err != nil {
+			return sandboxtool.FileResponse{}, nil, fmt.Errorf("%s in pod %s: unexpected answer: %w", p, sb.pod, err)
+		}
+		return resp, rest, nil
+	case sandboxtool.ExitNotFound:
+		return sandboxtool.FileResponse{}, nil, fmt.Errorf("%w: %s", driver.ErrFileNotFound, p)
+	case sandboxtool.ExitOutside:
+		return sandboxtool.FileResponse{}, nil, fmt.Errorf("%w: %s", driver.ErrOutsideSandbox, p)
+	case sandboxtool.ExitIsDir:
+		return sandboxtool.FileResponse{}, nil, fmt.Errorf("%w: %s", driver.ErrIsDirectory, p)
+	case sandboxtool.ExitNotDir:
+		return sandboxtool.FileResponse{}, nil, fmt.Errorf("%w: %s", driver.ErrNotDirectory, p)
+	case sandboxtool.ExitTooLarge:
+		return sandboxtool.FileResponse{}, nil, fmt.Errorf("%w: %s", driver.ErrTooLarge, p)
 	}
-	return "", "", fmt.Errorf("%s in pod %s: exit %d%s: %s", p, sb.pod, st.Code, st.Signal, strings.TrimSpace(errOut.String()))
+	return sandboxtool.FileResponse{}, nil, fmt.Errorf("%s in pod %s: exit %d%s: %s", p, sb.pod, st.Code, st.Signal, sandboxtool.FailureOf([]byte(errOut.String())))
 }
 
 // display is the path shown to clients: relative to the work tree when
@@ -118,20 +80,12 @@ func (sb *Sandbox) display(abs string) string {
 	return abs
 }
 
-// parseStat reads a statline: "<raw mode hex> <size> <mtime>\t<link>".
-func parseStat(line, display string) (driver.FileInfo, error) {
-	fields, link, _ := strings.Cut(strings.TrimRight(line, "\n"), "\t")
-	f := strings.Fields(fields)
-	if len(f) != 3 {
-		return driver.FileInfo{}, fmt.Errorf("unexpected stat output %q", line)
+// info is a FileInfo of the tool's status of a file.
+func info(st *sandboxtool.FileStatus, display string) (driver.FileInfo, error) {
+	if st == nil {
+		return driver.FileInfo{}, errors.New("the tool's answer has no file status")
 	}
-	raw, err1 := strconv.ParseUint(f[0], 16, 32)
-	size, err2 := strconv.ParseInt(f[1], 10, 64)
-	mtime, err3 := strconv.ParseInt(f[2], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil {
-		return driver.FileInfo{}, fmt.Errorf("unexpected stat output %q", line)
-	}
-	return driver.FileInfo{Path: display, Mode: fileMode(uint32(raw)), Size: size, ModTime: time.Unix(mtime, 0), LinkTarget: link}, nil
+	return driver.FileInfo{Path: display, Mode: fileMode(st.Mode), Size: st.Size, ModTime: time.Unix(st.MTime, 0), LinkTarget: string(st.Link)}, nil
 }
 
 // fileMode converts a raw st_mode.
@@ -169,15 +123,15 @@ func (sb *Sandbox) ReadFile(ctx context.Context, p string, limit int64) ([]byte,
 	if err != nil {
 		return nil, driver.FileInfo{}, err
 	}
-	out, errOut, err := sb.fileOp(ctx, readScript, p, nil, strconv.FormatInt(limit, 10))
+	resp, content, err := sb.fileOp(ctx, sandboxtool.FileRequest{Op: sandboxtool.FileRead, Limit: limit}, p, nil)
 	if err != nil {
 		return nil, driver.FileInfo{}, err
 	}
-	fi, err := parseStat(errOut, sb.display(abs))
+	fi, err := info(resp.File, sb.display(abs))
 	if err != nil {
 		return nil, driver.FileInfo{}, err
 	}
-	return []byte(out), fi, nil
+	return content, fi, nil
 }
 
 // WriteFile creates or replaces a file (parents created).
@@ -189,14 +143,11 @@ func (sb *Sandbox) WriteFile(ctx context.Context, p string, content []byte, mode
 	if mode.Perm() == 0 {
 		mode = 0o644
 	}
-	if content == nil {
-		content = []byte{}
-	}
-	out, _, err := sb.fileOp(ctx, writeScript, p, content, strconv.FormatUint(uint64(mode.Perm()), 8))
+	resp, _, err := sb.fileOp(ctx, sandboxtool.FileRequest{Op: sandboxtool.FileWrite, Mode: uint32(mode.Perm())}, p, content)
 	if err != nil {
 		return driver.FileInfo{}, err
 	}
-	return parseStat(out, sb.display(abs))
+	return info(resp.File, sb.display(abs))
 }
 
 // Stat does not follow a final symlink.
@@ -205,11 +156,11 @@ func (sb *Sandbox) Stat(ctx context.Context, p string) (driver.FileInfo, error) 
 	if err != nil {
 		return driver.FileInfo{}, err
 	}
-	out, _, err := sb.fileOp(ctx, statScript, p, nil)
+	resp, _, err := sb.fileOp(ctx, sandboxtool.FileRequest{Op: sandboxtool.FileStat}, p, nil)
 	if err != nil {
 		return driver.FileInfo{}, err
 	}
-	return parseStat(out, sb.display(abs))
+	return info(resp.File, sb.display(abs))
 }
 
 // List returns a directory's entries sorted by name.
@@ -218,19 +169,13 @@ func (sb *Sandbox) List(ctx context.Context, dir string) ([]driver.FileInfo, err
 	if err != nil {
 		return nil, err
 	}
-	out, _, err := sb.fileOp(ctx, listScript, dir, nil)
+	resp, _, err := sb.fileOp(ctx, sandboxtool.FileRequest{Op: sandboxtool.FileList}, dir, nil)
 	if err != nil {
 		return nil, err
 	}
-	var list []driver.FileInfo
-	for rest := out; rest != ""; {
-		name, after, ok := strings.Cut(rest, "\x00")
-		if !ok {
-			break
-		}
-		line, next, _ := strings.Cut(after, "\n")
-		rest = next
-		fi, err := parseStat(line, sb.display(path.Join(abs, name)))
+	list := make([]driver.FileInfo, 0, len(resp.Entries))
+	for i := range resp.Entries {
+		fi, err := info(&resp.Entries[i], sb.display(path.Join(abs, string(resp.Entries[i].Name))))
 		if err != nil {
 			return nil, err
 		}

@@ -96,8 +96,10 @@ type Options struct {
 	// pool kept apart from the control plane's).
 	NodeSelector map[string]string
 	Tolerations  []corev1.Toleration
-	// Gateway is the model gateway's host:port: a pod with egress none may
-	// reach only it (a NetworkPolicy), and HANGAR_GATEWAY_ADDR names it.
+	// Gateway is the model gateway's IP:port, or a Service's name:port
+	// (name, name.namespace): a pod with egress none may reach only it (a
+	// NetworkPolicy: the IP, or the Service's pods on its target port), and
+	// HANGAR_GATEWAY_ADDR names it (a Service by its cluster IP).
 	Gateway string
 	// ReadyTimeout bounds a pod's start (pull, init, ready); 3 min when 0.
 	ReadyTimeout time.Duration
@@ -150,6 +152,8 @@ type Driver struct {
 	onGone  func(id string)
 	closed  bool
 	watchOK chan struct{}
+	// route is the resolved gateway (gateway.go), once a create needed it.
+	route *gatewayRoute
 }
 
 // New connects to the API server (Unavailable naming it when it cannot be

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 )
 
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
@@ -39,21 +41,21 @@ func TestLabelValue(t *testing.T) {
 	}
 }
 
-func TestParseStat(t *testing.T) {
-	fi, err := parseStat("81a4 7 1700000000\t\n", "dir/new.txt")
+func TestFileInfoOfToolStatus(t *testing.T) {
+	fi, err := info(&sandboxtool.FileStatus{Mode: 0o100644, Size: 7, MTime: 1700000000}, "dir/new.txt")
 	if err != nil || fi.Mode != 0o644 || fi.Size != 7 || fi.ModTime.Unix() != 1700000000 || fi.Path != "dir/new.txt" {
 		t.Errorf("regular file: %+v %v", fi, err)
 	}
-	fi, err = parseStat("a1ff 4 1700000000\t/etc\n", "etc-link")
+	fi, err = info(&sandboxtool.FileStatus{Mode: 0o120777, Size: 4, MTime: 1700000000, Link: "/etc"}, "etc-link")
 	if err != nil || fi.Mode&fs.ModeSymlink == 0 || fi.LinkTarget != "/etc" {
 		t.Errorf("symlink: %+v %v", fi, err)
 	}
-	fi, _ = parseStat("41ed 4096 1\t", "d")
+	fi, _ = info(&sandboxtool.FileStatus{Mode: 0o40755, Size: 4096, MTime: 1}, "d")
 	if !fi.Mode.IsDir() || fi.Mode.Perm() != 0o755 {
 		t.Errorf("dir: %v", fi.Mode)
 	}
-	if _, err := parseStat("garbage", "x"); err == nil {
-		t.Error("garbage parsed")
+	if _, err := info(nil, "x"); err == nil {
+		t.Error("no status accepted")
 	}
 }
 

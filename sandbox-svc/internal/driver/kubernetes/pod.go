@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path"
 	"regexp"
 	"sort"
@@ -18,9 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 )
 
@@ -112,6 +113,9 @@ func (d *Driver) startPod(ctx context.Context, sb *Sandbox) error {
 		if err := d.createPolicy(ctx, sb); err != nil {
 			return err
 		}
+	} else if _, err := d.gateway(ctx); err != nil {
+		// Egress full reaches the gateway by its name too.
+		d.log.LogAttrs(ctx, slog.LevelDebug, "gateway not resolved", slog.String("gateway", d.opts.Gateway), slog.String("error", err.Error()))
 	}
 	pod, err := d.client.CoreV1().Pods(d.opts.Namespace).Create(ctx, d.podFor(sb), metav1.CreateOptions{})
 	if err != nil {
@@ -253,10 +257,9 @@ func (d *Driver) podFor(sb *Sandbox) *corev1.Pod {
 				{Name: "tool", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 			},
 			InitContainers: []corev1.Container{{
-				Name:  "hangar-tool",
-				Image: d.opts.ToolImage,
-				Command: []string{"sh", "-c", `cp "$1" /hangar/bin/hangar-sandbox && ln -sf hangar-sandbox /hangar/bin/hangar-agent`,
-					"install", d.opts.ToolPath},
+				Name:         "hangar-tool",
+				Image:        d.opts.ToolImage,
+				Command:      mustArgv(d.opts.ToolPath, sandboxtool.CommandInstall, sandboxtool.InstallRequest{Dir: ToolDir}),
 				VolumeMounts: []corev1.VolumeMount{{Name: "tool", MountPath: ToolDir}},
 			}},
 			Containers: []corev1.Container{{
@@ -264,7 +267,7 @@ func (d *Driver) podFor(sb *Sandbox) *corev1.Pod {
 				Image: image,
 				// pid 1 waits for the end of the grace period on TERM, so a
 				// pod deleted by someone else stays whole for its hooks.
-				Command:      []string{"sh", "-c", "trap '' TERM; mkdir -p " + RunDir + "; while :; do sleep 3600; done"},
+				Command:      toolArgv(sandboxtool.CommandHold, sandboxtool.HoldRequest{RunDir: RunDir}),
 				Resources:    res,
 				VolumeMounts: mounts,
 			}},
@@ -473,21 +476,13 @@ func (d *Driver) deletePod(ctx context.Context, name string, grace int64) error 
 // pod may send only to the gateway (no DNS, nothing else). It exists
 // before the pod, so the pod never runs without it.
 func (d *Driver) createPolicy(ctx context.Context, sb *Sandbox) error {
-	ip, port, ok := gatewayHostPort(d.opts.Gateway)
+	route, err := d.gateway(ctx)
+	if err != nil {
+		return err
+	}
 	var egress []networkingv1.NetworkPolicyEgressRule
-	if ok {
-		bits := 32
-		if ip.To4() == nil {
-			bits = 128
-		}
-		tcp := corev1.ProtocolTCP
-		p := intstr.FromInt32(port)
-		egress = []networkingv1.NetworkPolicyEgressRule{{
-			To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: fmt.Sprintf("%s/%d", ip, bits)}}},
-			Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &p}},
-		}}
-	} else if d.opts.Gateway != "" {
-		return fmt.Errorf("%w: the gateway address %q is not an IP:port a NetworkPolicy can name", driver.ErrEgressUnsupported, d.opts.Gateway)
+	if d.opts.Gateway != "" {
+		egress = []networkingv1.NetworkPolicyEgressRule{route.rule}
 	}
 	np := &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: sb.pod, Labels: map[string]string{

@@ -103,8 +103,8 @@ func (sb *Sandbox) env(extra map[string]string, pathPrepend []string) []string {
 		"HANGAR_WORK_DIR":     info.WorkDir,
 		"GIT_TERMINAL_PROMPT": "0",
 	}
-	if sb.d.opts.Gateway != "" {
-		m["HANGAR_GATEWAY_ADDR"] = sb.d.opts.Gateway
+	if gw := sb.d.gatewayAddr(); gw != "" {
+		m["HANGAR_GATEWAY_ADDR"] = gw
 	}
 	for k, v := range sb.spec.Env {
 		m[k] = v
@@ -159,28 +159,23 @@ func (sb *Sandbox) end() {
 	sb.mu.Unlock()
 }
 
-// execScript runs the command in the pod: it enters the directory, looks
-// the program up (127 when missing, as the local driver), starts it in a
-// session of its own whose id it records in the run file (signals and
-// cancel go to that process group) and exits with its status.
-const execScript = `run=$1; dir=$2; shift 2
-cd "$dir" 2>/dev/null || { echo "hangar: $dir: no such directory" >&2; exit 126; }
-if ! command -v "$1" >/dev/null 2>&1; then echo "hangar: $1: command not found" >&2; exit 127; fi
-exec 3<&0
-setsid "$@" <&3 3<&- &
-pid=$!
-exec 3<&-
-echo $pid > "$run"
-wait $pid; st=$?
-rm -f "$run"
-exit $st`
+// toolBin is hangar-sandbox in a pod. The driver's own steps run through
+// it (sandboxtool's pod commands), so an image needs git and nothing
+// else of hangar's: no shell, no coreutils.
+const toolBin = ToolDir + "/" + sandboxtool.Binary
 
-// signalScript signals a process group by its run file (waiting a while
-// for the file: the exec may not have written it yet).
-const signalScript = `sig=$1; run=$2; i=0
-while [ ! -s "$run" ] && [ $i -lt 100 ]; do i=$((i+1)); sleep 0.05; done
-[ -s "$run" ] || exit 0
-kill -s "$sig" -- "-$(cat "$run")" 2>/dev/null; exit 0`
+// toolArgv is the command line of an argv command of the tool.
+func toolArgv(command string, args any) []string { return mustArgv(toolBin, command, args) }
+
+// mustArgv is the command line of an argv command of the tool at bin.
+func mustArgv(bin, command string, args any) []string {
+	argv, err := sandboxtool.ArgvRequest(bin, command, args)
+	if err != nil {
+		// The requests are the package's own structs: they always encode.
+		panic(err)
+	}
+	return argv
+}
 
 // Exec starts a command in the pod through the API server.
 func (sb *Sandbox) Exec(ctx context.Context, req driver.ExecRequest) (driver.Process, error) {
@@ -201,9 +196,11 @@ func (sb *Sandbox) start(ctx context.Context, req driver.ExecRequest, dir string
 		return nil, err
 	}
 	run := path.Join(RunDir, "exec-"+randomHex(8))
-	argv := append([]string{"env", "-i"}, sb.env(req.Env, req.PathPrepend)...)
-	argv = append(argv, "sh", "-c", execScript, "hangar-exec", run, dir)
-	argv = append(argv, req.Argv...)
+	// The tool starts the command in a session of its own whose id it
+	// records in the run file (signals and cancel go to that process
+	// group), with exactly this environment, and exits with its status
+	// (126: no directory, 127: no such command, as the local driver).
+	argv := toolArgv(sandboxtool.CommandExec, sandboxtool.ExecRequest{RunFile: run, Dir: dir, Env: sb.env(req.Env, req.PathPrepend), Argv: req.Argv})
 	p := &process{sb: sb, run: run, done: make(chan struct{})}
 	streamCtx, cancel := context.WithCancel(sb.d.ctx)
 	p.cancelStream = cancel
@@ -264,7 +261,13 @@ func (p *process) Signal(sig os.Signal) error {
 	p.noteSignal(s)
 	ctx, cancel := context.WithTimeout(p.sb.d.ctx, 30*time.Second)
 	defer cancel()
-	return p.sb.d.stream(ctx, p.sb.pod, []string{"sh", "-c", signalScript, "hangar-signal", driver.SignalName(s), p.run}, streamOptions{})
+	return p.sb.d.stream(ctx, p.sb.pod, signalArgv(driver.SignalName(s), p.run), streamOptions{})
+}
+
+// signalArgv signals the process group in the run file (waiting a while
+// for the file: the exec may not have written it yet).
+func signalArgv(sig, run string) []string {
+	return toolArgv(sandboxtool.CommandSignal, sandboxtool.SignalRequest{Signal: sig, RunFile: run})
 }
 
 // kill ends the process group (the caller's context ended); the stream
@@ -352,10 +355,7 @@ func (sb *Sandbox) prepare(ctx context.Context) error {
 	sb.mu.Lock()
 	sb.toolVersion = v.Protocol
 	sb.mu.Unlock()
-	if _, errOut, code, err := sb.run1(ctx, []string{"mkdir", "-p", info.WorkDir, info.HomeDir}, nil, "/"); err != nil || code != 0 {
-		return fmt.Errorf("make the work tree in pod %s: %v %s", sb.pod, err, strings.TrimSpace(errOut))
-	}
-	commit, err := sb.clone(ctx)
+	commit, err := sb.clone(ctx, info)
 	if err != nil {
 		return err
 	}
@@ -374,34 +374,11 @@ func (sb *Sandbox) prepare(ctx context.Context) error {
 	return nil
 }
 
-// cloneScript clones into the work tree: from the bundle on stdin when the
-// repository is a path on this service's machine (the pod cannot see it),
-// else from the URL; then checks out the base ref detached.
-const cloneScript = `repo=$1; ref=$2; work=$3; bundled=$4
-set -e
-if [ "$bundled" = 1 ]; then
-  b=$(mktemp /tmp/hangar-clone.XXXXXX)
-  cat > "$b"
-  git clone --quiet --no-checkout -- "$b" "$work.new"
-  rm -f "$b"
-  git -C "$work.new" remote set-url origin "$repo"
-else
-  git clone --quiet --no-checkout -- "$repo" "$work.new"
-fi
-rmdir "$work" && mv "$work.new" "$work"
-cd "$work"
-commit=
-for c in "$ref" "origin/$ref"; do
-  if commit=$(git rev-parse --verify --quiet "$c^{commit}"); then break; fi
-done
-if [ -z "$commit" ] && git fetch --quiet origin "$ref" 2>/dev/null; then
-  commit=$(git rev-parse --verify --quiet "FETCH_HEAD^{commit}") || true
-fi
-[ -n "$commit" ] || { echo "base ref $ref not found in $repo" >&2; exit 3; }
-git checkout --quiet --detach "$commit"
-echo "$commit"`
-
-func (sb *Sandbox) clone(ctx context.Context) (string, error) {
+// clone makes the work tree and home and clones into the work tree: from
+// a bundle when the repository is a path on this service's machine (the
+// pod cannot see it), else from the URL; then checks out the base ref
+// detached.
+func (sb *Sandbox) clone(ctx context.Context, info driver.Info) (string, error) {
 	repo := sb.spec.Repository
 	if repo == "" {
 		return "", errors.New("repository is required")
@@ -410,8 +387,8 @@ func (sb *Sandbox) clone(ctx context.Context) (string, error) {
 	if ref == "" {
 		ref = "HEAD"
 	}
-	var stdin io.Reader
-	bundled := "0"
+	var bundleFile io.Reader = strings.NewReader("")
+	bundled := false
 	if st, err := os.Stat(repo); err == nil && st.IsDir() {
 		// A local repository reaches the pod as a bundle of every ref.
 		b, err := bundle(ctx, repo)
@@ -424,16 +401,25 @@ func (sb *Sandbox) clone(ctx context.Context) (string, error) {
 			return "", err
 		}
 		defer f.Close()
-		stdin, bundled = f, "1"
+		bundleFile, bundled = f, true
 	}
-	out, errOut, code, err := sb.run1(ctx, []string{"sh", "-c", cloneScript, "hangar-clone", repo, ref, sb.Info().WorkDir, bundled}, stdin, "/")
+	line, err := sandboxtool.Request(sandboxtool.CloneRequest{Repository: repo, Ref: ref, WorkDir: info.WorkDir, HomeDir: info.HomeDir, Bundled: bundled})
+	if err != nil {
+		return "", err
+	}
+	stdin := io.MultiReader(bytes.NewReader(line), bundleFile)
+	out, errOut, code, err := sb.run1(ctx, []string{toolBin, sandboxtool.CommandClone}, stdin, "/")
 	if err != nil {
 		return "", fmt.Errorf("clone %s in pod %s: %w", repo, sb.pod, err)
 	}
 	if code != 0 {
-		return "", fmt.Errorf("clone %s at %q in pod %s: exit %d: %s", repo, ref, sb.pod, code, strings.TrimSpace(errOut))
+		return "", fmt.Errorf("clone %s at %q in pod %s: exit %d: %s", repo, ref, sb.pod, code, sandboxtool.FailureOf([]byte(errOut)))
 	}
-	return strings.TrimSpace(out), nil
+	var resp sandboxtool.CloneResponse
+	if err := json.Unmarshal([]byte(out), &resp); err != nil || resp.Commit == "" {
+		return "", fmt.Errorf("clone %s in pod %s: unexpected answer %q", repo, sb.pod, strings.TrimSpace(out))
+	}
+	return resp.Commit, nil
 }
 
 // bundle writes a bundle of every ref of the local repository (and its
@@ -678,7 +664,7 @@ func (sb *Sandbox) KillProcesses(ctx context.Context) error {
 	}
 	defer sb.end()
 	// kill -1 signals every process the caller may, save init and itself.
-	err := sb.d.stream(ctx, sb.pod, []string{"sh", "-c", "kill -KILL -1 2>/dev/null; exit 0"}, streamOptions{})
+	err := sb.d.stream(ctx, sb.pod, []string{toolBin, sandboxtool.CommandKillAll}, streamOptions{})
 	if _, cerr := exitCode(err); cerr != nil {
 		return fmt.Errorf("kill the processes of pod %s: %w", sb.pod, cerr)
 	}

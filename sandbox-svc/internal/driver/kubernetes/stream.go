@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path"
 	"strings"
 	"sync"
 
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 	utilexec "k8s.io/client-go/util/exec"
 
+	"github.com/hangar-dev/hangar/api/sandboxtool"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 )
 
@@ -110,14 +112,12 @@ func (sb *Sandbox) Terminal(ctx context.Context, req driver.TerminalRequest) (dr
 	if err := sb.begin(); err != nil {
 		return nil, err
 	}
-	argv := req.Argv
-	if len(argv) == 0 {
-		argv = []string{"sh", "-c", `if command -v bash >/dev/null; then exec bash -l; fi; exec sh -l`}
-	}
-	run := "/hangar/run/term-" + randomHex(8)
-	cmd := append([]string{"env", "-i"}, sb.env(req.Env, nil)...)
-	cmd = append(cmd, "TERM=xterm-256color", "sh", "-c", `echo $$ > "$1"; cd "$2" 2>/dev/null; shift 2; exec "$@"`, "hangar-term", run, sb.Info().WorkDir)
-	cmd = append(cmd, argv...)
+	run := path.Join(RunDir, "term-"+randomHex(8))
+	// The tool becomes the terminal's process (its pid, the session the
+	// pty gives it, in the run file); no Argv: the user's login shell,
+	// bash or else sh.
+	env := append(sb.env(req.Env, nil), "TERM=xterm-256color")
+	cmd := toolArgv(sandboxtool.CommandExec, sandboxtool.ExecRequest{RunFile: run, Dir: sb.Info().WorkDir, Env: env, Argv: req.Argv, Replace: true})
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	t := &terminal{sb: sb, in: inW, out: outR, sizes: make(chan remotecommand.TerminalSize, 4), done: make(chan struct{}), run: run}
@@ -191,7 +191,7 @@ func (t *terminal) Kill() error {
 		case <-t.done:
 		default:
 			ctx, cancel := context.WithTimeout(t.sb.d.ctx, 0x1e*1e9)
-			_ = t.sb.d.stream(ctx, t.sb.pod, []string{"sh", "-c", signalScript, "hangar-signal", "KILL", t.run}, streamOptions{})
+			_ = t.sb.d.stream(ctx, t.sb.pod, signalArgv("KILL", t.run), streamOptions{})
 			cancel()
 		}
 		t.in.Close()
