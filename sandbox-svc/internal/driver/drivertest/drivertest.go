@@ -341,8 +341,19 @@ func RunOptions(t *testing.T, newDriver func(t *testing.T) driver.Driver, opts O
 		if err := term.Resize(40, 100); err != nil {
 			t.Fatal(err)
 		}
-		io.WriteString(term, "stty size\n")
-		WaitFor(t, 10*time.Second, "new size", func() bool { return strings.Contains(out.String(), "40 100") })
+		// A resize reaches the pty on its own (through the API server, a
+		// message beside the stream's data): ask again until it is seen.
+		var asked time.Time
+		WaitFor(t, 10*time.Second, "new size", func() bool {
+			if strings.Contains(out.String(), "40 100") {
+				return true
+			}
+			if time.Since(asked) > 500*time.Millisecond {
+				io.WriteString(term, "stty size\n")
+				asked = time.Now()
+			}
+			return false
+		})
 		io.WriteString(term, "exit 5\n")
 		st, _ := term.Wait()
 		if st.Code != 5 {
