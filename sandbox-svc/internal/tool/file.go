@@ -7,15 +7,12 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 
 	"github.com/hangar-dev/hangar/api/sandboxtool"
 )
-
-func ignoreTerm() { signal.Ignore(syscall.SIGTERM) }
 
 // maxLinks is how many symbolic links resolveAll follows.
 const maxLinks = 40

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -228,6 +229,9 @@ func signalCommand(ctx context.Context, req *sandboxtool.SignalRequest, _ io.Rea
 		}
 	}
 }
+
+// ignoreTerm keeps TERM from ending this process.
+func ignoreTerm() { signal.Ignore(syscall.SIGTERM) }
 
 // holdCommand is a pod's pid 1.
 func holdCommand(_ context.Context, req *sandboxtool.HoldRequest, _ io.Reader, _, stderr io.Writer) int {
