@@ -51,6 +51,16 @@ type App struct {
 	peers *peers.Server
 }
 
+// baseLayers is how many base layers the local driver keeps: none when
+// copies copy files (HANGAR_SANDBOX_COPIES=files asks for no overlay
+// mounts at all).
+func baseLayers(cfg Config) int {
+	if cfg.Copies == "files" {
+		return 0
+	}
+	return cfg.BaseLayers
+}
+
 // newDriver builds the driver cfg.Driver names.
 func newDriver(ctx context.Context, cfg Config, logger *slog.Logger) (driver.Driver, error) {
 	switch cfg.Driver {
@@ -61,7 +71,7 @@ func newDriver(ctx context.Context, cfg Config, logger *slog.Logger) (driver.Dri
 		}
 		return local.New(local.Options{
 			Root: cmp.Or(cfg.Root, cfg.Home), Gateway: local.ParseGateway(cfg.GatewayAddr), Logger: logger, Now: time.Now,
-			CopyFiles: cfg.Copies == "files", Tool: tool,
+			CopyFiles: cfg.Copies == "files", Tool: tool, BaseLayers: baseLayers(cfg),
 			Isolation: isolation(cfg.Isolation),
 			// Agent CLIs named without a directory are looked up on this
 			// service's PATH too (`hangar up` with the CLIs on PATH): their

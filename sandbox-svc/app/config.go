@@ -53,6 +53,11 @@ type Config struct {
 	Cache int `env:"HANGAR_SANDBOX_CACHE" flag:"cache" default:"8" min:"0" max:"1024" help:"released sandboxes kept for their session's resume (0: none)"`
 	// CacheMB bounds the disk the cached sandboxes take.
 	CacheMB int `env:"HANGAR_SANDBOX_CACHE_MB" flag:"cache-mb" default:"20480" min:"1" unit:"MB" help:"disk the cached sandboxes may take, in MB"`
+	// BaseLayers is how many base layers the local driver keeps: a create
+	// mounts an overlay of a clone shared per (repository, base commit)
+	// instead of cloning (needs root and overlayfs; it clones where it
+	// can't mount); 0, or HANGAR_SANDBOX_COPIES=files: every create clones.
+	BaseLayers int `env:"HANGAR_SANDBOX_BASE_LAYERS" flag:"base-layers" default:"4" min:"0" max:"64" help:"base layers (a shared clone per repository and base commit) the local driver keeps so a create mounts one instead of cloning (0: every create clones)"`
 	// LocalWarmPool is how many ready sandboxes the built-in local
 	// environment keeps for each of the repositories acquired most
 	// recently, so a resume whose sandbox is not cached skips the clone;

@@ -13,15 +13,23 @@ import (
 var _ driver.Cacher = (*Driver)(nil)
 
 // DiskUsage is the blocks sb's directory takes (a file hard-linked into
-// another sandbox counts in each; an overlay's layer counts in full).
+// another sandbox counts in each). A sandbox mounted over a layer counts
+// what it wrote (its upper directory): its layers are shared, and the
+// base layers are bounded by their own cache (base.go).
 func (d *Driver) DiskUsage(ctx context.Context, s driver.Sandbox) (int64, error) {
 	sb, ok := s.(*Sandbox)
 	if !ok || sb.d != d {
 		return 0, errors.New("local driver: disk usage of a sandbox of another driver")
 	}
+	sb.layerMu.Lock()
+	layered := sb.layer != nil
+	sb.layerMu.Unlock()
 	sb.mu.Lock()
-	dir := sb.dir
+	dir, key := sb.dir, sb.key
 	sb.mu.Unlock()
+	if layered {
+		dir = d.upperOf(key)
+	}
 	var n int64
 	err := filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
 		if err != nil {

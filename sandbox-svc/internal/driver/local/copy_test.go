@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -50,7 +51,9 @@ func TestCopy(t *testing.T) {
 
 func testCopy(t *testing.T, mode string) {
 	repo, _ := drivertest.NewRepo(t, map[string]string{"a.txt": "a\n", ".gitignore": "*.log\n"})
-	d := newDriverOpts(t, local.Options{CopyFiles: mode == "files"})
+	// base: the source is made from a base layer (base.go), so its
+	// copy stacks the source's writes on it.
+	d := newDriverOpts(t, local.Options{CopyFiles: mode == "files", BaseLayers: map[bool]int{true: 1}[mode == "base"]})
 	ctx := context.Background()
 	src, err := d.Create(ctx, driver.Spec{ID: "src", WorkKey: "parent-fork-1", Repository: repo})
 	if err != nil {
@@ -82,9 +85,9 @@ mkdir -p "$HOME/.conv" && echo talk > "$HOME/.conv/c.jsonl"`)
 	switch {
 	case mode == "files" && overlaid:
 		t.Fatal("CopyFiles: the copy is mounted")
-	case mode == "overlay" && !overlaid && overlaySupported(t):
+	case mode != "files" && !overlaid && overlaySupported(t):
 		t.Fatal("the copy is not mounted, though this machine mounts overlays")
-	case mode == "overlay" && !overlaid:
+	case mode != "files" && !overlaid:
 		t.Skip("no overlay mount here (needs root and overlayfs): the copy copied its files")
 	}
 	// Objects (every file, by overlay) are shared, not copied.
@@ -92,7 +95,7 @@ mkdir -p "$HOME/.conv" && echo talk > "$HOME/.conv/c.jsonl"`)
 	if len(objs) == 0 {
 		t.Fatal("no object files")
 	}
-	if mode == "overlay" {
+	if mode != "files" {
 		objs = append(objs, "a.txt", "ro/in/f")
 	}
 	for _, o := range objs {
@@ -135,10 +138,15 @@ mkdir -p "$HOME/.conv" && echo talk > "$HOME/.conv/c.jsonl"`)
 	if err := cp.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if left, _ := filepath.Glob(filepath.Join(d.Dir(), "*", "*")); len(left) > 0 {
+	left, _ := filepath.Glob(filepath.Join(d.Dir(), "*", "*"))
+	// The base layer stays cached for the next create.
+	left = slices.DeleteFunc(left, func(p string) bool {
+		return mode == "base" && strings.HasPrefix(p, filepath.Join(d.Dir(), ".layers", "base-"))
+	})
+	if len(left) > 0 {
 		t.Errorf("left behind: %v", left)
 	}
-	if left, _ := filepath.Glob(filepath.Join(d.Dir(), ".layers", "*")); len(left) > 0 {
+	if left, _ := filepath.Glob(filepath.Join(d.Dir(), ".layers", "layer-*")); len(left) > 0 {
 		t.Errorf("layers left behind: %v", left)
 	}
 }

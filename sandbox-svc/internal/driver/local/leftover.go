@@ -212,6 +212,7 @@ func (d *Driver) Close() error {
 	// A child between fork and exec shares the lock's open file: let
 	// the background starts finish so the lock is free once Close returns.
 	d.starting.Wait()
+	d.closeBases()
 	d.mu.Lock()
 	f := d.lock
 	d.lock = nil

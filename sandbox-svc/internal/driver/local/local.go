@@ -44,6 +44,10 @@ type Options struct {
 	// sandbox's PATH: where the agent CLIs named without a directory were
 	// found on this service's PATH (their directories are ReadOnlyPaths).
 	SearchPath []string
+	// BaseLayers is how many base layers (base.go) the driver keeps: a
+	// create mounts an overlay of a clone shared per (repository, base
+	// commit) instead of cloning. 0: every create clones.
+	BaseLayers int
 	// Tool is the hangar-sandbox binary; New checks its protocol version
 	// and puts a copy first on every sandbox's PATH (tool.go). Sandboxes
 	// have none when it is empty (tests of the driver alone).
@@ -58,7 +62,8 @@ type Driver struct {
 	mu        sync.Mutex
 	keys      map[string]*Sandbox // live sandboxes by directory key
 	layers    map[string]*layer   // layers in use, by directory
-	noOverlay bool                // an overlay mount failed: copies copy files
+	noOverlay bool                // an overlay mount failed: copies copy files, creates clone
+	bases     baseCache           // base layers (base.go)
 	cgroups   *cgroupTree         // nil where cgroups can't be made
 	jail      *jail               // nil with IsolationNone or when bwrap can't run
 	jailErr   error               // why jail is nil under IsolationBwrap
@@ -161,20 +166,42 @@ func (d *Driver) releaseKey(key string, sb *Sandbox) {
 	}
 }
 
-// Create clones the repository, runs setup and returns the sandbox.
+// Create makes a sandbox of spec's repository at its base: an overlay of
+// the base layer of that commit where it can (base.go), else a clone; then
+// runs setup.
 func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Sandbox, error) {
-	return d.create(ctx, spec, nil, func(sb *Sandbox) error {
-		commit, err := sb.clone(ctx)
-		if err != nil {
-			return err
-		}
-		sb.baseCommit = commit
+	setup := func(sb *Sandbox) error {
 		for _, cmd := range spec.Setup {
 			if err := sb.runSetup(ctx, cmd); err != nil {
 				return err
 			}
 		}
 		return nil
+	}
+	l, commit, err := d.baseFor(ctx, spec)
+	if err != nil {
+		d.opts.Logger.Warn("sandbox cloned: no base layer", "sandbox", spec.ID, "repository", spec.Repository, "error", err)
+	}
+	if l != nil {
+		sb, err := d.create(ctx, spec, l, func(sb *Sandbox) error {
+			sb.baseCommit = commit
+			return setup(sb)
+		})
+		if !errors.Is(err, errNotMounted) || ctx.Err() != nil {
+			return sb, err
+		}
+		d.mu.Lock()
+		d.noOverlay = true
+		d.mu.Unlock()
+		d.opts.Logger.Warn("sandbox cloned: its base layer could not be mounted; creates clone from now on", "sandbox", spec.ID, "error", err)
+	}
+	return d.create(ctx, spec, nil, func(sb *Sandbox) error {
+		commit, err := sb.cloneAt(ctx, true)
+		if err != nil {
+			return err
+		}
+		sb.baseCommit = commit
+		return setup(sb)
 	})
 }
 
@@ -222,6 +249,9 @@ func (d *Driver) Copy(ctx context.Context, src driver.Sandbox, spec driver.Spec)
 		return nil
 	})
 }
+
+// errNotMounted: create could not mount the layer it was given.
+var errNotMounted = errors.New("sandbox layer not mounted")
 
 // create makes the sandbox directory, its network namespace (egress none)
 // and fills the work tree and home with fill; with l, a layer to mount
@@ -275,7 +305,7 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, l *layer, fill fu
 			return nil, err
 		}
 		if err := d.mountLayer(sb.dir, key, l, m); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", errNotMounted, err)
 		}
 		// The sandbox holds the reference now: its teardown releases it.
 		sb.layerMu.Lock()
@@ -329,7 +359,10 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, l *layer, fill fu
 	return sb, nil
 }
 
-func (sb *Sandbox) clone(ctx context.Context) (string, error) {
+// cloneAt clones the repository into the work tree and checks out its
+// base, detached; with settle, a long checkout's index is settled
+// (settleIndex).
+func (sb *Sandbox) cloneAt(ctx context.Context, settle bool) (string, error) {
 	repo := sb.spec.Repository
 	if repo == "" {
 		return "", errors.New("repository is required")
@@ -364,7 +397,7 @@ func (sb *Sandbox) clone(ctx context.Context) (string, error) {
 	if _, err := git(ctx, sb.workDir(), "checkout", "--quiet", "--detach", commit); err != nil {
 		return "", err
 	}
-	if time.Since(began) >= settleAfter {
+	if settle && time.Since(began) >= settleAfter {
 		if err := settleIndex(ctx, sb.workDir()); err != nil {
 			return "", err
 		}

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,10 +40,23 @@ const layersDir = ".layers"
 const uppersDir = ".upper"
 
 // layer is a read-only work tree and home that overlay-mounted sandboxes
-// share.
+// share, over the layer lower when it has one (a sandbox mounted over a
+// base layer and written to, whose writes became a layer of their own when
+// it was copied).
 type layer struct {
-	dir  string // holds work/ and home/
-	refs int    // sandboxes mounting it, on Driver.mu
+	dir   string // holds work/ and home/ (what a lower layer has is seen through)
+	refs  int    // sandboxes mounting it, layers over it and the base cache's hold, on Driver.mu
+	lower *layer // under this one; this layer holds a reference to it
+}
+
+// lowerdirs is the overlay's lowerdir option for a mount of l: l first,
+// then the layers under it.
+func (l *layer) lowerdirs() []string {
+	var dirs []string
+	for ; l != nil; l = l.lower {
+		dirs = append(dirs, l.dir)
+	}
+	return dirs
 }
 
 // layerSubtrees are the directories of a sandbox that a layer holds.
@@ -69,7 +83,8 @@ func (d *Driver) upperOf(key string) string { return filepath.Join(d.dir, uppers
 func (d *Driver) mountLayer(dir, key string, l *layer, m marker) error {
 	up := d.upperOf(key)
 	upper, wd := filepath.Join(up, "upper"), filepath.Join(up, "wd")
-	if !overlayOK(l.dir, upper, wd) {
+	lowers := l.lowerdirs()
+	if !overlayOK(append([]string{upper, wd}, lowers...)...) {
 		return errors.New("overlay: the sandboxes path holds ',' ':' or '\\'")
 	}
 	if err := removeAll(up); err != nil {
@@ -86,10 +101,48 @@ func (d *Driver) mountLayer(dir, key string, l *layer, m marker) error {
 	}
 	// redirect_dir: a directory of the layer can be renamed (else rename(2)
 	// says EXDEV, which not every program handles).
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on", l.dir, upper, wd)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on", strings.Join(lowers, ":"), upper, wd)
 	if err := unix.Mount("overlay", dir, "overlay", 0, opts); err != nil {
 		_ = os.RemoveAll(up)
 		return fmt.Errorf("mount overlay on %s: %w", dir, err)
+	}
+	return nil
+}
+
+// remount moves a sandbox mounted over l at dir (key) to newDir (newKey):
+// unmounted, its upper directory renamed with its key, and mounted at
+// newDir (made here; dir is removed). Its processes must have ended. On
+// error it is mounted at dir as before, where it can be.
+func (d *Driver) remount(dir, key, newDir, newKey string, l *layer) error {
+	up, newUp := d.upperOf(key), d.upperOf(newKey)
+	if !overlayOK(newUp) {
+		return errors.New("overlay: the sandboxes path holds ',' ':' or '\\'")
+	}
+	if err := removeAll(newUp); err != nil {
+		return err
+	}
+	if err := os.Mkdir(newDir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Unmount(dir, 0); err != nil {
+		_ = os.Remove(newDir)
+		return fmt.Errorf("unmount %s: %w", dir, err)
+	}
+	mountAt := func(dir, up string) error {
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on",
+			strings.Join(l.lowerdirs(), ":"), filepath.Join(up, "upper"), filepath.Join(up, "wd"))
+		return unix.Mount("overlay", dir, "overlay", 0, opts)
+	}
+	if err := os.Rename(up, newUp); err != nil {
+		_ = os.Remove(newDir)
+		return errors.Join(fmt.Errorf("rename %s: %w", up, err), mountAt(dir, up))
+	}
+	if err := mountAt(newDir, newUp); err != nil {
+		_ = os.Remove(newDir)
+		return errors.Join(fmt.Errorf("mount overlay on %s: %w", newDir, err), os.Rename(newUp, up), mountAt(dir, up))
+	}
+	if err := os.Remove(dir); err != nil {
+		d.opts.Logger.Warn("relocated sandbox's old directory not removed", "dir", dir, "error", err)
 	}
 	return nil
 }
@@ -231,6 +284,74 @@ func (d *Driver) layerize(sb *Sandbox) (*layer, error) {
 	return l, nil
 }
 
+// restack makes what sb (mounted over a layer, frozen, on sb.layerMu)
+// wrote since it was mounted a layer of its own, over sb's layer, and
+// mounts sb over it with an empty upper directory: sb's files are the
+// same, and a copy can share them. It returns the new layer, holding sb's
+// reference (and, as its lower, the one sb held on its old layer). On
+// error sb is mounted as it was, where it can be.
+func (d *Driver) restack(sb *Sandbox) (*layer, error) {
+	sb.mu.Lock()
+	dir, key := sb.dir, sb.key
+	sb.mu.Unlock()
+	old := sb.layer
+	up := d.upperOf(key)
+	upper := filepath.Join(up, "upper")
+	m, err := readMarker(upper)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(d.dir, layersDir), 0o755); err != nil {
+		return nil, err
+	}
+	ldir, err := os.MkdirTemp(filepath.Join(d.dir, layersDir), "layer-")
+	if err != nil {
+		return nil, err
+	}
+	if !overlayOK(ldir) {
+		_ = os.Remove(ldir)
+		return nil, errors.New("overlay: the sandboxes path holds ',' ':' or '\\'")
+	}
+	if err := unix.Unmount(dir, 0); err != nil {
+		_ = os.Remove(ldir)
+		return nil, fmt.Errorf("unmount %s: %w", dir, err)
+	}
+	remountOld := func() error {
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on",
+			strings.Join(old.lowerdirs(), ":"), upper, filepath.Join(up, "wd"))
+		return unix.Mount("overlay", dir, "overlay", 0, opts)
+	}
+	// The upper directory becomes the layer (renamed to the name just
+	// made for it: os.Rename refuses an existing directory), without the
+	// marker.
+	if err := os.Remove(ldir); err != nil {
+		return nil, errors.Join(fmt.Errorf("restack %s: %w", dir, err), remountOld())
+	}
+	if err := os.Rename(upper, ldir); err != nil {
+		_ = os.Remove(ldir)
+		return nil, errors.Join(fmt.Errorf("restack %s: %w", dir, err), remountOld())
+	}
+	if err := os.Remove(filepath.Join(ldir, markerName)); err != nil {
+		return nil, errors.Join(fmt.Errorf("restack %s: %w", dir, err), os.Rename(ldir, upper), remountOld())
+	}
+	l := &layer{dir: ldir, refs: 1, lower: old}
+	d.mu.Lock()
+	d.layers[ldir] = l
+	d.mu.Unlock()
+	if err := d.mountLayer(dir, key, l, m); err != nil {
+		// Put the writes back as the upper directory.
+		d.mu.Lock()
+		delete(d.layers, ldir)
+		d.mu.Unlock()
+		err = fmt.Errorf("restack %s: %w", dir, err)
+		if rerr := os.MkdirAll(filepath.Join(up, "wd"), 0o755); rerr != nil {
+			return nil, errors.Join(err, rerr)
+		}
+		return nil, errors.Join(err, os.Rename(ldir, upper), writeMarker(upper, m), remountOld())
+	}
+	return l, nil
+}
+
 // upperEmpty says whether nothing but its marker has been written in the
 // overlay of the sandbox with key key since it was mounted.
 func (d *Driver) upperEmpty(key string) bool {
@@ -246,19 +367,25 @@ func (d *Driver) upperEmpty(key string) bool {
 	return len(names) == 1 && names[0] == markerName
 }
 
-// releaseLayer drops sb's reference to its layer; the last one removes it.
+// releaseLayer drops a reference to l; the last one removes it and drops
+// its reference to the layer under it.
 func (d *Driver) releaseLayer(l *layer) error {
-	d.mu.Lock()
-	l.refs--
-	last := l.refs == 0
-	if last {
-		delete(d.layers, l.dir)
+	var errs []error
+	for l != nil {
+		d.mu.Lock()
+		l.refs--
+		last := l.refs == 0
+		if last {
+			delete(d.layers, l.dir)
+		}
+		d.mu.Unlock()
+		if !last {
+			break
+		}
+		errs = append(errs, removeAll(l.dir))
+		l = l.lower
 	}
-	d.mu.Unlock()
-	if !last {
-		return nil
-	}
-	return removeAll(l.dir)
+	return errors.Join(errs...)
 }
 
 // sweepLayers removes the layers that no live sandbox of this driver and no
@@ -271,8 +398,14 @@ func (d *Driver) sweepLayers() error {
 	}
 	used := func(opt, dir string) bool {
 		for _, m := range all {
-			if m.fstype == "overlay" && strings.Contains(","+m.options+",", ","+opt+"="+dir+",") {
-				return true
+			if m.fstype != "overlay" {
+				continue
+			}
+			for _, o := range strings.Split(m.options, ",") {
+				name, val, _ := strings.Cut(o, "=")
+				if name == opt && slices.Contains(strings.Split(val, ":"), dir) {
+					return true
+				}
 			}
 		}
 		return false
@@ -335,7 +468,14 @@ func (d *Driver) sharedLayer(src *Sandbox) *layer {
 		}
 		src.layer = l
 	} else if !d.upperEmpty(key) {
-		return nil
+		// Written to since it was mounted: its writes become a layer
+		// of their own over its layer, which src and the copy share.
+		l, err := d.restack(src)
+		if err != nil {
+			d.opts.Logger.Warn("sandbox copy copies its files: the source's writes could not be made a layer", "sandbox", src.spec.ID, "error", err)
+			return nil
+		}
+		src.layer = l
 	}
 	d.mu.Lock()
 	src.layer.refs++

@@ -606,13 +606,15 @@ func (t *terminal) Kill() error {
 	return err
 }
 
-// Relocate moves an idle sandbox to the directory of workKey.
+// Relocate moves an idle sandbox to the directory of workKey. A sandbox
+// mounted over a layer is unmounted, its upper directory renamed with its
+// key and mounted again at the new directory.
 func (sb *Sandbox) Relocate(ctx context.Context, workKey string) error {
 	// A mounted sandbox's upper directory is named by its key.
 	sb.layerMu.Lock()
 	defer sb.layerMu.Unlock()
-	if sb.layer != nil || sb.revived {
-		return errors.New("relocate: the sandbox is mounted over a layer or revived")
+	if sb.revived {
+		return errors.New("relocate: the sandbox is a revived leftover")
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -629,11 +631,15 @@ func (sb *Sandbox) Relocate(ctx context.Context, workKey string) error {
 		return err
 	}
 	newDir := filepath.Join(sb.d.dir, workKey)
-	if err := os.RemoveAll(newDir); err != nil {
+	if err := removeAll(newDir); err != nil {
 		sb.d.releaseKey(workKey, sb)
 		return err
 	}
-	if err := os.Rename(sb.dir, newDir); err != nil {
+	move := func() error { return os.Rename(sb.dir, newDir) }
+	if sb.layer != nil {
+		move = func() error { return sb.d.remount(sb.dir, sb.key, newDir, workKey, sb.layer) }
+	}
+	if err := move(); err != nil {
 		sb.d.releaseKey(workKey, sb)
 		return fmt.Errorf("relocate: %w", err)
 	}

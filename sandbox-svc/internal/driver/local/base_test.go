@@ -1,0 +1,234 @@
+package local_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/drivertest"
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
+)
+
+// baseLayers lists the base layers on disk.
+func baseLayers(t *testing.T, d *local.Driver) []string {
+	t.Helper()
+	got, err := filepath.Glob(filepath.Join(d.Dir(), ".layers", "base-*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// needOverlay skips t where this process can't mount an overlay.
+func needOverlay(t *testing.T) {
+	t.Helper()
+	if !overlaySupported(t) {
+		t.Skip("no overlay mount here (needs root and overlayfs): creates clone")
+	}
+}
+
+func gitIn(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %v: %v %s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// TestConformanceBaseLayers: the conformance suite with creates served
+// by base layers.
+func TestConformanceBaseLayers(t *testing.T) {
+	needOverlay(t)
+	drivertest.Run(t, func(t *testing.T) driver.Driver { return newDriverOpts(t, local.Options{BaseLayers: 2}) })
+}
+
+// TestCreateFromBaseLayer: sandboxes of one repository at one commit are
+// overlays of one base layer, made once; each holds the clone at its base,
+// writes only to itself, and git in it finds the index clean without
+// rewriting it (the layer's entries carry what the sandbox sees). Another
+// base gets a layer of its own; a sandbox outlives its layer's eviction;
+// nothing is left once they are gone.
+func TestCreateFromBaseLayer(t *testing.T) {
+	needOverlay(t)
+	repo, first := drivertest.NewRepo(t, map[string]string{"a.txt": "a\n", "dir/b.txt": "b\n", ".gitignore": "*.log\n"})
+	d := newDriverOpts(t, local.Options{BaseLayers: 1})
+	ctx := context.Background()
+
+	// Concurrent creates build one layer.
+	var wg sync.WaitGroup
+	sbs := make([]driver.Sandbox, 3)
+	errs := make([]error, 3)
+	for i := range sbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sbs[i], errs[i] = d.Create(ctx, driver.Spec{ID: "s" + string(rune('0'+i)), WorkKey: "k" + string(rune('0'+i)), Repository: repo})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		defer sbs[i].Destroy(ctx)
+	}
+	if got := baseLayers(t, d); len(got) != 1 {
+		t.Fatalf("base layers after 3 creates: %v, want 1", got)
+	}
+	for i, sb := range sbs {
+		info := sb.Info()
+		if info.BaseCommit != first {
+			t.Errorf("sandbox %d base %q, want %q", i, info.BaseCommit, first)
+		}
+		if !drivertest.MountPoint(t, filepath.Dir(info.WorkDir)) {
+			t.Errorf("sandbox %d is not mounted over the base layer", i)
+		}
+		if got := sh(t, sb, `git rev-parse HEAD && git status --porcelain && cat a.txt dir/b.txt`); got != first+"\na\nb\n" {
+			t.Errorf("sandbox %d: %q", i, got)
+		}
+		// git status found every entry clean: it did not write the
+		// index, so the upper directory holds no index.
+		if _, err := os.Stat(filepath.Join(d.Dir(), ".upper", info.WorkKey, "upper", "work", ".git", "index")); !os.IsNotExist(err) {
+			t.Errorf("sandbox %d: git rewrote the index (its entries did not match what the sandbox sees): %v", i, err)
+		}
+	}
+	// Writes stay in their sandbox.
+	sh(t, sbs[0], `echo mine >> a.txt && rm dir/b.txt && echo new > c.txt && git add -A && git -c user.name=t -c user.email=t@x commit -qm mine`)
+	if got := sh(t, sbs[1], `git status --porcelain && git rev-parse HEAD && cat a.txt dir/b.txt; ls`); got != first+"\na\nb\na.txt\ndir\n" {
+		t.Errorf("a sibling sees another's writes: %q", got)
+	}
+	layer := baseLayers(t, d)[0]
+	if b, err := os.ReadFile(filepath.Join(layer, "work", "a.txt")); err != nil || string(b) != "a\n" {
+		t.Errorf("the layer changed: %q %v", b, err)
+	}
+
+	// A new commit: a layer of its own (the cache keeps one: the first
+	// goes once its sandboxes do).
+	second := commitFile(t, repo, "a.txt", "a2\n")
+	other, err := d.Create(ctx, driver.Spec{ID: "o", WorkKey: "other", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Destroy(ctx)
+	if other.Info().BaseCommit != second {
+		t.Errorf("base after a commit: %q, want %q", other.Info().BaseCommit, second)
+	}
+	if got := sh(t, other, `cat a.txt; git status --porcelain`); got != "a2\n" {
+		t.Errorf("sandbox at the new commit: %q", got)
+	}
+	if got := baseLayers(t, d); len(got) != 2 {
+		t.Errorf("layers while the first still has sandboxes: %v, want 2", got)
+	}
+	if got := sh(t, sbs[2], `cat a.txt`); got != "a\n" {
+		t.Errorf("an evicted layer's sandbox: %q", got)
+	}
+	// A branch and a tag name their commits.
+	gitIn(t, repo, "tag", "v1", first)
+	gitIn(t, repo, "branch", "old", first)
+	for _, ref := range []string{"v1", "old", first} {
+		sb, err := d.Create(ctx, driver.Spec{ID: "r-" + ref[:2], WorkKey: "ref-" + ref[:2], Repository: repo, BaseRef: ref})
+		if err != nil {
+			t.Fatalf("base %s: %v", ref, err)
+		}
+		if sb.Info().BaseCommit != first || sh(t, sb, `git rev-parse HEAD`) != first+"\n" {
+			t.Errorf("base %s: %q", ref, sb.Info().BaseCommit)
+		}
+		if err := sb.Destroy(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sb := range append(sbs, other) {
+		if err := sb.Destroy(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := baseLayers(t, d); len(got) != 1 {
+		t.Errorf("layers once every sandbox is gone: %v, want the cached one", got)
+	}
+	d.Close()
+	if left, _ := filepath.Glob(filepath.Join(d.Dir(), ".layers", "*")); len(left) > 0 {
+		t.Errorf("layers left after Close: %v", left)
+	}
+	if left, _ := filepath.Glob(filepath.Join(d.Dir(), ".upper", "*")); len(left) > 0 {
+		t.Errorf("upper directories left: %v", left)
+	}
+}
+
+// commitFile commits name with content in repo and returns the commit.
+func commitFile(t *testing.T, repo, name, content string) string {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(repo, name), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gitIn(t, repo, "add", name)
+	gitIn(t, repo, "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-qm", "change "+name)
+	return gitIn(t, repo, "rev-parse", "HEAD")
+}
+
+// TestBaseLayerRelocate: a sandbox made from a base layer (a warm one)
+// moves to its session's directory with what setup wrote.
+func TestBaseLayerRelocate(t *testing.T) {
+	needOverlay(t)
+	repo, _ := drivertest.NewRepo(t, map[string]string{"a.txt": "a\n"})
+	d := newDriverOpts(t, local.Options{BaseLayers: 1})
+	ctx := context.Background()
+	sb, err := d.Create(ctx, driver.Spec{ID: "warm1", Repository: repo, Setup: []string{"echo set > setup.txt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	old := filepath.Dir(sb.Info().WorkDir)
+	if err := sb.Relocate(ctx, "session-one"); err != nil {
+		t.Fatalf("relocate: %v", err)
+	}
+	info := sb.Info()
+	if info.WorkKey != "session-one" || filepath.Base(filepath.Dir(info.WorkDir)) != "session-one" {
+		t.Fatalf("relocated to %+v", info)
+	}
+	if got := sh(t, sb, `pwd; cat a.txt setup.txt`); got != info.WorkDir+"\na\nset\n" {
+		t.Errorf("after relocate: %q", got)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("the old directory is still there: %v", err)
+	}
+	if !drivertest.MountPoint(t, filepath.Dir(info.WorkDir)) {
+		t.Error("relocated sandbox is not mounted")
+	}
+	sh(t, sb, `echo more > more.txt`)
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(d.Dir(), ".upper", "*")); len(left) > 0 {
+		t.Errorf("upper directories left: %v", left)
+	}
+}
+
+// TestBaseLayerCopy: the copy checks of TestCopy with a source made from a
+// base layer: what it wrote becomes a layer over the base one, shared.
+func TestBaseLayerCopy(t *testing.T) {
+	needOverlay(t)
+	testCopy(t, "base")
+}
+
+// TestBaseLayersOff: with no base layers, a create clones.
+func TestBaseLayersOff(t *testing.T) {
+	repo, _ := drivertest.NewRepo(t, map[string]string{"a.txt": "a\n"})
+	d := newDriverOpts(t, local.Options{})
+	ctx := context.Background()
+	sb, err := d.Create(ctx, driver.Spec{ID: "s", WorkKey: "k", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	if drivertest.MountPoint(t, filepath.Dir(sb.Info().WorkDir)) || len(baseLayers(t, d)) != 0 {
+		t.Error("a create with base layers off is mounted over one")
+	}
+}
