@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/drivertest"
 	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver/local"
@@ -230,5 +232,72 @@ func TestBaseLayersOff(t *testing.T) {
 	defer sb.Destroy(ctx)
 	if drivertest.MountPoint(t, filepath.Dir(sb.Info().WorkDir)) || len(baseLayers(t, d)) != 0 {
 		t.Error("a create with base layers off is mounted over one")
+	}
+}
+
+// TestBaseLayerSandboxAfterReboot: a machine restart takes the mounts and
+// leaves the files: the next driver mounts each sandbox made from a base
+// layer (and a copy stacked on it) again, so its work since its last
+// checkpoint is revived as a plain sandbox's is.
+func TestBaseLayerSandboxAfterReboot(t *testing.T) {
+	needOverlay(t)
+	repo, _ := drivertest.NewRepo(t, map[string]string{"a.txt": "a\n"})
+	root := t.TempDir()
+	crashed, err := local.New(local.Options{Root: root, BaseLayers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, err := crashed.Create(ctx, driver.Spec{ID: "sb-src", WorkKey: "s-1", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, src, `echo late > late.txt && rm a.txt`)
+	cp, err := crashed.Copy(ctx, src, driver.Spec{ID: "sb-cp", WorkKey: "s-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, cp, `echo mine > mine.txt`)
+	// The crash: the process is gone (its lock with it), then the
+	// machine: every mount is gone.
+	crashed.Close()
+	for _, k := range []string{"s-1", "s-2"} {
+		if err := unix.Unmount(filepath.Join(root, "sandboxes", k), unix.MNT_DETACH); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	d, err := local.New(local.Options{Root: root, BaseLayers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	list, err := d.Leftovers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"s-1": "late\ngone\n", "s-2": "late\nmine\ngone\n"}
+	for _, lo := range list {
+		script, ok := map[string]string{"s-1": `cat late.txt; test -e a.txt || echo gone`, "s-2": `cat late.txt mine.txt; test -e a.txt || echo gone`}[lo.Key]
+		if !ok {
+			continue
+		}
+		sb, err := d.Revive(ctx, lo)
+		if err != nil {
+			t.Fatalf("revive %s: %v", lo.Key, err)
+		}
+		if got := sh(t, sb, script); got != want[lo.Key] {
+			t.Errorf("revived %s: %q, want %q", lo.Key, got, want[lo.Key])
+		}
+		delete(want, lo.Key)
+		if err := sb.Destroy(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("not listed as leftovers with their ids: %v (listed %v)", want, list)
+	}
+	if left, _ := filepath.Glob(filepath.Join(d.Dir(), ".layers", "*")); len(left) > 0 {
+		t.Errorf("layers left once the revived sandboxes are gone: %v", left)
 	}
 }

@@ -101,6 +101,9 @@ func New(opts Options) (*Driver, error) {
 			return nil, fmt.Errorf("local driver: %w", err)
 		}
 	}
+	if err := d.remountLost(); err != nil {
+		opts.Logger.Warn("sandboxes mounted over layers not mounted again", "error", err)
+	}
 	if err := d.sweepLayers(); err != nil {
 		opts.Logger.Warn("unused sandbox layers not removed", "error", err)
 	}

@@ -28,6 +28,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hangar-dev/hangar/sandbox-svc/internal/driver"
 )
 
 // layersDir is the directory under the sandboxes directory holding the
@@ -99,6 +101,10 @@ func (d *Driver) mountLayer(dir, key string, l *layer, m marker) error {
 		_ = os.RemoveAll(up)
 		return err
 	}
+	if err := writeLowers(up, lowers); err != nil {
+		_ = os.RemoveAll(up)
+		return err
+	}
 	// redirect_dir: a directory of the layer can be renamed (else rename(2)
 	// says EXDEV, which not every program handles).
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on", strings.Join(lowers, ":"), upper, wd)
@@ -145,6 +151,71 @@ func (d *Driver) remount(dir, key, newDir, newKey string, l *layer) error {
 		d.opts.Logger.Warn("relocated sandbox's old directory not removed", "dir", dir, "error", err)
 	}
 	return nil
+}
+
+// lowersName is the file in a mounted sandbox's upper directory's parent
+// (<sandboxes>/.upper/<key>) listing the layers it mounts, top first: what
+// remountLost needs to mount it again once the mount is gone (a reboot).
+const lowersName = "lowers"
+
+func writeLowers(up string, lowers []string) error {
+	if err := os.WriteFile(filepath.Join(up, lowersName), []byte(strings.Join(lowers, "\n")+"\n"), 0o644); err != nil {
+		return fmt.Errorf("write the sandbox's layer list: %w", err)
+	}
+	return nil
+}
+
+// remountLost mounts again, at start, the sandboxes mounted over layers
+// whose mount is gone while their files are not (the machine restarted:
+// mounts do not outlive it, directories do), so what they wrote after
+// their last checkpoint is there for Leftovers and Revive as a plain
+// sandbox's would be. One whose layers are not all there is left to the
+// sweep.
+func (d *Driver) remountLost() error {
+	all, err := mounts()
+	if err != nil {
+		return err
+	}
+	mounted := map[string]bool{}
+	for _, m := range all {
+		mounted[m.point] = true
+	}
+	ents, _ := os.ReadDir(filepath.Join(d.dir, uppersDir))
+	var errs []error
+	for _, ent := range ents {
+		key := ent.Name()
+		dir := filepath.Join(d.dir, key)
+		up := d.upperOf(key)
+		if !driver.ValidKey(key) || mounted[dir] {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(up, lowersName))
+		if err != nil {
+			continue
+		}
+		lowers := strings.Fields(string(b))
+		present := len(lowers) > 0
+		for _, l := range lowers {
+			if filepath.Dir(l) != filepath.Join(d.dir, layersDir) {
+				present = false
+			} else if st, err := os.Stat(l); err != nil || !st.IsDir() {
+				present = false
+			}
+		}
+		if !present || !overlayOK(append([]string{up}, lowers...)...) {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		// The work directory's leftovers are the overlay's to clear.
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on", strings.Join(lowers, ":"), filepath.Join(up, "upper"), filepath.Join(up, "wd"))
+		if err := unix.Mount("overlay", dir, "overlay", 0, opts); err != nil {
+			errs = append(errs, fmt.Errorf("mount the lost overlay of %s: %w", dir, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // unmount unmounts p, detaching it when it is busy (a process killed a
@@ -347,7 +418,7 @@ func (d *Driver) restack(sb *Sandbox) (*layer, error) {
 		if rerr := os.MkdirAll(filepath.Join(up, "wd"), 0o755); rerr != nil {
 			return nil, errors.Join(err, rerr)
 		}
-		return nil, errors.Join(err, os.Rename(ldir, upper), writeMarker(upper, m), remountOld())
+		return nil, errors.Join(err, os.Rename(ldir, upper), writeMarker(upper, m), writeLowers(up, old.lowerdirs()), remountOld())
 	}
 	return l, nil
 }
