@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -743,6 +744,9 @@ func (s *Server) copySandbox(ctx context.Context, req *sandboxv1.AcquireSandboxR
 	return sb, nil
 }
 
+// fullCommitName is a full git object name (SHA-1 or SHA-256).
+var fullCommitName = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
+
 // AcquireSandbox leases a ready sandbox from the warm pool, or creates one.
 func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandboxRequest) (*sandboxv1.AcquireSandboxResponse, error) {
 	name := req.GetEnvironment()
@@ -766,6 +770,9 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 	holder := req.GetHolder()
 	if holder == "" {
 		holder = "anonymous"
+	}
+	if c := req.GetBaseCommit(); c != "" && !fullCommitName.MatchString(c) {
+		return nil, fault.InvalidArgument("base_commit", "base_commit %q must be a full commit name (40 or 64 lowercase hex digits)", c)
 	}
 	for k := range req.GetEnv() {
 		if k == "" || k == "HOME" {
@@ -853,9 +860,25 @@ func (s *Server) AcquireSandbox(ctx context.Context, req *sandboxv1.AcquireSandb
 		} else {
 			spec.Egress = driver.EgressFull
 		}
-		sb, err = s.drv.Create(ctx, spec)
-		if err != nil {
-			return nil, createErr(env.Name, err)
+		if c := req.GetBaseCommit(); c != "" {
+			// At the caller's base (the session's), where the repository
+			// gives it; else at the environment's, as without the hint.
+			at := spec
+			at.BaseRef = c
+			sb, err = s.drv.Create(ctx, at)
+			if err != nil && !errors.Is(err, driver.ErrInUse) && ctx.Err() == nil {
+				s.log.Warn("sandbox not created at the caller's base commit; creating it at the environment's base",
+					slog.String("environment", env.Name), slog.String("base_commit", c), slog.Any("error", err))
+				sb, err = nil, nil
+			}
+			if err != nil {
+				return nil, createErr(env.Name, err)
+			}
+		}
+		if sb == nil {
+			if sb, err = s.drv.Create(ctx, spec); err != nil {
+				return nil, createErr(env.Name, err)
+			}
 		}
 	}
 	// The control plane talks to a sandbox through its hangar-sandbox: one

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path"
+	"regexp"
 	"strings"
 	"time"
 
@@ -123,6 +124,19 @@ func (m *Manager) boot(ctx context.Context, s *store.Session) (*store.Session, e
 	return m.record(ctx, s, b, false)
 }
 
+// fullCommit is a full git object name.
+var fullCommit = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
+
+// baseHint is the base commit an acquire may ask a new sandbox to start
+// at: the session's pinned base when it is a full commit name (records
+// older than pinning have none).
+func baseHint(base string) string {
+	if fullCommit.MatchString(base) {
+		return base
+	}
+	return ""
+}
+
 // booted is a sandbox made ready for a session but not yet recorded on it.
 type booted struct {
 	sb    *sandboxv1.Sandbox
@@ -151,6 +165,9 @@ func (m *Manager) prepare(ctx context.Context, s *store.Session) (*booted, error
 			TtlSeconds:  int32(m.cfg.LeaseTTL / time.Second),
 			WorkKey:     s.Name,
 			NoCache:     noCache,
+			// A sandbox made for this boot starts at the session's base:
+			// the restore then writes only what the session changed.
+			BaseCommit: baseHint(s.BaseCommit),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("lease a sandbox for %s: %w", s.Name, err)

@@ -75,6 +75,9 @@ type baseBuild struct {
 	err  error
 }
 
+// errNoBase: the repository does not hold the base asked for.
+var errNoBase = errors.New("base not found")
+
 // fullCommit is a full object name.
 var fullCommit = regexp.MustCompile(`^[0-9a-f]{40}([0-9a-f]{24})?$`)
 
@@ -100,6 +103,10 @@ func resolveBase(ctx context.Context, repository, ref string) (commit string, ok
 			if err == nil {
 				return strings.TrimSpace(out), true, nil
 			}
+		}
+		if fullCommit.MatchString(ref) {
+			// No clone of it would have it either.
+			return "", false, fmt.Errorf("%w: commit %s is not in %s", errNoBase, ref, repository)
 		}
 		return "", false, nil
 	}

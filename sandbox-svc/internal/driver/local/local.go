@@ -182,6 +182,9 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Sandbox, 
 		return nil
 	}
 	l, commit, err := d.baseFor(ctx, spec)
+	if errors.Is(err, errNoBase) {
+		return nil, err
+	}
 	if err != nil {
 		d.opts.Logger.Warn("sandbox cloned: no base layer", "sandbox", spec.ID, "repository", spec.Repository, "error", err)
 	}
