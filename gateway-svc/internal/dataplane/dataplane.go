@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
@@ -90,6 +91,12 @@ type TreeHasher interface {
 type Handler struct {
 	o      Options
 	groups groups
+	// taping holds, by run, a channel closed once the run's last
+	// replayed step is taped (its answer went out first; recording).
+	taping sync.Map
+	// tapeSessions caches the session of each taped run a replay read
+	// (tapeSession).
+	tapeSessions sync.Map
 }
 
 // New returns the data plane handler.
@@ -275,6 +282,9 @@ type call struct {
 	failure string
 	// done: the step is recorded (finish ran).
 	done bool
+	// answered is when the harness had the whole answer, for a step taped
+	// after it (a replayed one); zero: the step is taped before its end.
+	answered time.Time
 	// tree is the work tree hash being taken (nil: none is taken).
 	tree *pendingTree
 }
@@ -290,6 +300,7 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 	if run == nil {
 		return
 	}
+	h.awaitRecorded(ctx, run.GetId())
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.o.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -712,7 +723,11 @@ func (h *Handler) finish(c *call) {
 	h.awaitTree(c)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(context.Background()), 30*time.Second+storeOutageWait)
 	defer cancel()
-	c.step.LatencyMs = h.o.Now().Sub(c.start).Milliseconds()
+	end := c.answered
+	if end.IsZero() {
+		end = h.o.Now()
+	}
+	c.step.LatencyMs = end.Sub(c.start).Milliseconds()
 	if c.step.Response == nil {
 		c.step.Response = &gatewayv1.StepResponse{}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -54,34 +55,52 @@ func (h *Handler) replayStep(w http.ResponseWriter, r *http.Request, c *call, rp
 		return true
 	}
 
-	// Answer from the tape.
+	// Answer from the tape. The answer is whole in hand, so it goes out
+	// in one write with its length: the harness has all of it (and runs
+	// its tools) once the last byte arrives, not when the handler
+	// returns. The step is taped after that, while the tools run (two
+	// fsynced writes, the run's journal and the tape: 6-20 ms that every
+	// replayed step waited for before its answer); the run's next call
+	// waits for it (recording), so it still finds the tape current.
 	resp := proto.Clone(taped.GetResponse()).(*gatewayv1.StepResponse)
 	c.step.Replayed = true
 	c.step.Response = resp
 	c.step.Usage = taped.GetUsage()
-	// Record before answering: once the client has the answer, the progress
-	// and the tape are current.
+	// The progress is counted before the answer: a replay-svc that reads
+	// it once the harness is done sees every answered step.
 	if err := h.o.Runs.ReplayProgress(ctx, c.run.GetId()); err != nil {
 		h.o.Logger.LogAttrs(ctx, slog.LevelError, "replay progress not recorded", slog.Any("error", err))
 	}
-	h.finish(c)
+	body := replayedBody(resp)
+	done := h.recording(c.run.GetId())
+	defer done()
+	defer h.finish(c)
 	for k, v := range resp.GetHeaders() {
 		if k == "content-type" {
 			w.Header().Set("Content-Type", v)
 		}
 	}
 	w.Header().Set("x-hangar-replayed", "true")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	status := int(resp.GetStatus())
 	if status == 0 {
 		status = http.StatusOK
 	}
 	w.WriteHeader(status)
-	rc := http.NewResponseController(w)
+	_, _ = w.Write(body)
+	_ = http.NewResponseController(w).Flush()
+	c.answered = h.o.Now()
+	return true
+}
+
+// replayedBody is a taped answer as the harness gets it: the body, or the
+// SSE events.
+func replayedBody(resp *gatewayv1.StepResponse) []byte {
 	if len(resp.GetEvents()) == 0 {
-		_, _ = w.Write(resp.GetBody())
+		return resp.GetBody()
 	}
+	var sb strings.Builder
 	for _, ev := range resp.GetEvents() {
-		var sb strings.Builder
 		if ev.GetEvent() != "" {
 			sb.WriteString("event: " + ev.GetEvent() + "\n")
 		}
@@ -89,12 +108,36 @@ func (h *Handler) replayStep(w http.ResponseWriter, r *http.Request, c *call, rp
 			sb.WriteString("data: " + line + "\n")
 		}
 		sb.WriteString("\n")
-		if _, err := w.Write([]byte(sb.String())); err != nil {
-			break
-		}
-		_ = rc.Flush()
 	}
-	return true
+	return []byte(sb.String())
+}
+
+// recording marks a step of run as being taped after its answer; the
+// returned function ends it. awaitRecorded waits for it.
+func (h *Handler) recording(run string) func() {
+	ch := make(chan struct{})
+	h.taping.Store(run, ch)
+	return func() {
+		h.taping.CompareAndDelete(run, ch)
+		close(ch)
+	}
+}
+
+// awaitRecorded waits until the run's previous step, answered before it
+// was taped (a replayed step), is on the tape, so every call finds its
+// run's tape and counters current, as when steps were taped before their
+// answer. A harness's next call comes after its tools ran, so this
+// rarely waits. (It covers this process: a call that reaches another
+// replica within those milliseconds does not wait.)
+func (h *Handler) awaitRecorded(ctx context.Context, run string) {
+	v, ok := h.taping.Load(run)
+	if !ok {
+		return
+	}
+	select {
+	case <-v.(chan struct{}):
+	case <-ctx.Done():
+	}
 }
 
 // checkStep compares the call's request with step seq of the tape. It
@@ -150,11 +193,16 @@ func (h *Handler) answerFromTape(ctx context.Context, c *call, rp *gatewayv1.Rep
 }
 
 // tapeSession is the session the taped run belonged to ("" when unknown).
+// A run's session never changes: it is read once per process.
 func (h *Handler) tapeSession(ctx context.Context, run string) string {
+	if s, ok := h.tapeSessions.Load(run); ok {
+		return s.(string)
+	}
 	src, err := h.o.Runs.Get(ctx, run)
 	if err != nil {
 		return ""
 	}
+	h.tapeSessions.Store(run, src.GetSession())
 	return src.GetSession()
 }
 

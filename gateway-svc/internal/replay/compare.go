@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"regexp"
 	"sort"
 	"strconv"
@@ -194,15 +195,9 @@ func CompareCanon(provider gatewayv1.Provider, canon Canon, taped, incoming []by
 // and walking them took 2-3 ms of every replayed step. Anything else (a
 // field that differs, other spacing) goes the full way.
 func sameOutsideVolatile(a, b []byte) bool {
-	var ma, mb map[string]json.RawMessage
-	if json.Unmarshal(a, &ma) != nil || json.Unmarshal(b, &mb) != nil || ma == nil || mb == nil {
-		return false
-	}
-	for k := range volatileKeys {
-		delete(ma, k)
-		delete(mb, k)
-	}
-	if len(ma) != len(mb) {
+	ma, okA := fields(a)
+	mb, okB := fields(b)
+	if !okA || !okB || len(ma) != len(mb) {
 		return false
 	}
 	for k, va := range ma {
@@ -212,6 +207,38 @@ func sameOutsideVolatile(a, b []byte) bool {
 		}
 	}
 	return true
+}
+
+// fields are the fields of the JSON object b but the volatile ones, as
+// their raw bytes; false when b is not one object. (A decoder scans b
+// once; json.Unmarshal would scan it twice, validating it first.)
+func fields(b []byte) (map[string]json.RawMessage, bool) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, false
+	}
+	out := map[string]json.RawMessage{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		k, _ := t.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, false
+		}
+		if !volatileKeys[k] {
+			out[k] = v
+		}
+	}
+	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false
+	}
+	return out, true
 }
 
 // dropItemIDs removes the ids a Responses client gives its own input items

@@ -1,0 +1,136 @@
+package dataplane_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
+	"github.com/hangar-dev/hangar/gateway-svc/internal/dataplane"
+	"github.com/hangar-dev/hangar/gateway-svc/internal/tape"
+	"github.com/hangar-dev/hangar/platform/blob"
+)
+
+// heldStore is a directory blob store whose writes under one key prefix
+// wait until they are let go, and which logs the tape objects read and
+// written in order.
+type heldStore struct {
+	*blob.Dir
+	mu      sync.Mutex
+	hold    string        // key prefix whose Puts wait ("" none)
+	holding chan string   // a held Put's key, as it starts waiting
+	release chan struct{} // closed: held Puts go on
+	log     []string
+}
+
+func (s *heldStore) note(ev string) {
+	s.mu.Lock()
+	s.log = append(s.log, ev)
+	s.mu.Unlock()
+}
+
+func (s *heldStore) Put(ctx context.Context, key string, r io.Reader) error {
+	s.mu.Lock()
+	hold := s.hold != "" && strings.HasPrefix(key, s.hold)
+	s.mu.Unlock()
+	if hold {
+		s.holding <- key
+		<-s.release
+	}
+	err := s.Dir.Put(ctx, key, r)
+	s.note("put " + key)
+	return err
+}
+
+func (s *heldStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	s.note("get " + key)
+	return s.Dir.Get(ctx, key)
+}
+
+// TestReplayedAnswerBeforeItsTaping: a replayed step's answer goes out
+// whole, with its length, before the step is taped (the harness runs its
+// tools meanwhile), and the run's next call, on another connection, waits
+// until that step is on the tape before it is served.
+func TestReplayedAnswerBeforeItsTaping(t *testing.T) {
+	t.Parallel()
+	dir, err := blob.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &heldStore{Dir: dir, holding: make(chan string, 4), release: make(chan struct{})}
+	tapes := tape.New(store, "tapes/", blob.ErrNotFound)
+	e := newEnv(t, func(o *dataplane.Options) { o.Tapes = tapes })
+	rec, tok := e.create(t, &gatewayv1.Run{Session: "ses-rec"})
+	for i := 1; i <= 2; i++ {
+		if ans := e.post(t, "/v1/messages", tok, msg("step "+strconv.Itoa(i))); ans.status != http.StatusOK {
+			t.Fatalf("record %d: %d %s", i, ans.status, ans.body)
+		}
+	}
+	rp, rtok := e.create(t, &gatewayv1.Run{Session: "ses-rp", Replay: &gatewayv1.Replay{TapeRun: rec.GetId(), AtSeq: 2,
+		AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP, TreeCheckAtEnd: true}})
+	store.mu.Lock()
+	store.hold = "tapes/" + rp.GetId() + "/"
+	store.mu.Unlock()
+
+	// Step 1's answer arrives whole while its taping is held.
+	first := e.postAsync(t, rtok, msg("step 1"))
+	held := wait(t, store.holding, "step 1's taping")
+	ans := wait(t, first, "step 1's answer")
+	if ans.status != http.StatusOK || !strings.Contains(ans.body, "message_stop") || ans.header.Get("x-hangar-replayed") != "true" ||
+		ans.header.Get("Content-Length") != strconv.Itoa(len(ans.body)) {
+		t.Fatalf("step 1: %d %v %s", ans.status, ans.header, ans.body)
+	}
+	// Step 2 comes on a connection of its own and waits for the taping.
+	other := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(other.CloseIdleConnections)
+	second := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, e.data.URL+"/v1/messages", strings.NewReader(msg("step 2")))
+		req.Header.Set("x-api-key", rtok)
+		resp, err := other.Do(req)
+		if err != nil {
+			second <- answer{}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		second <- answer{resp.StatusCode, string(b), resp.Header}
+	}()
+	close(store.release)
+	if ans := wait(t, second, "step 2's answer"); ans.status != http.StatusOK || !strings.Contains(ans.body, "message_stop") {
+		t.Fatalf("step 2: %d %s", ans.status, ans.body)
+	}
+	// The request after the prefix matches; the run stops.
+	if ans := e.post(t, "/v1/messages", rtok, msg("step 3")); ans.status != http.StatusForbidden {
+		t.Fatalf("step 3: %d %s, want 403", ans.status, ans.body)
+	}
+	store.mu.Lock()
+	log := append([]string(nil), store.log...)
+	store.mu.Unlock()
+	// Step 2 read its taped request only after step 1 was on the tape.
+	taped1, read2 := -1, -1
+	for i, ev := range log {
+		switch {
+		case ev == "put "+held:
+			taped1 = i
+		case read2 < 0 && strings.HasPrefix(ev, "get tapes/"+rec.GetId()+"/00000002"):
+			read2 = i
+		}
+	}
+	if taped1 < 0 || read2 < 0 || read2 < taped1 {
+		t.Errorf("step 1 taped at %d, step 2's tape read at %d: the next call did not wait\n%s", taped1, read2, strings.Join(log, "\n"))
+	}
+	steps, err := tapes.Read(context.Background(), rp.GetId(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range steps[:2] {
+		if !st.GetReplayed() || st.GetLatencyMs() < 0 {
+			t.Errorf("step %d: replayed %v latency %d", i+1, st.GetReplayed(), st.GetLatencyMs())
+		}
+	}
+}
