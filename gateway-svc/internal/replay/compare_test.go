@@ -195,6 +195,11 @@ func TestOutsideEffectAnsweredFromTape(t *testing.T) {
 	chatBody := func(tool, out string) string {
 		return `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"` + tool + `","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"` + out + `"}]}`
 	}
+	// piCodemode is a pi request whose codemode call ran script (its
+	// arguments are JSON text: {"code": script}) and printed out.
+	piCodemode := func(script, out string) string {
+		return `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"codemode","arguments":"{\"code\":\"` + script + `\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"` + out + `"}]}`
+	}
 	tests := []struct {
 		name            string
 		p               gatewayv1.Provider
@@ -210,6 +215,18 @@ func TestOutsideEffectAnsweredFromTape(t *testing.T) {
 		{"codex mcp tool", resp, respBody("mcp__slack__post", "posted"), respBody("mcp__slack__post", "error"), 0, true},
 		{"codex shell still compared", resp, respBody("exec_command", "ok"), respBody("exec_command", "no"), gatewayv1.DivergenceKind_DIVERGENCE_KIND_TOOL, false},
 		{"chat mcp tool", chat, chatBody("mcp__gh__comment", "done"), chatBody("mcp__gh__comment", "refused"), 0, true},
+		// pi 1.6 (Chat Completions through the gateway): an MCP tool
+		// declared to the model is mcp__<server>__<tool>; with the default
+		// exposure it is called from a codemode script.
+		{"pi mcp tool (direct)", chat, chatBody("mcp__counter__count", "counted-1"), chatBody("mcp__counter__count", "Tool mcp__counter__count not found"), 0, true},
+		{"pi codemode script calling an MCP tool", chat,
+			piCodemode(`return await tools.mcp__counter__count({})`, `Script completed\ncounted-1`),
+			piCodemode(`return await tools.mcp__counter__count({})`, `Script failed\nScript error: fetch failed`), 0, true},
+		{"pi codemode script without MCP still compared", chat,
+			piCodemode(`return await tools.bash({command: 'date'})`, `Script completed\nMon`),
+			piCodemode(`return await tools.bash({command: 'date'})`, `Script completed\nTue`), gatewayv1.DivergenceKind_DIVERGENCE_KIND_TOOL, false},
+		{"codex mcp resource", resp, respBody("read_mcp_resource", "resource text"), respBody("read_mcp_resource", "server unreachable"), 0, true},
+		{"pi mcp resource", chat, chatBody("list_mcp_resources", "res://a"), chatBody("list_mcp_resources", "no servers"), 0, true},
 	}
 	for _, tc := range tests {
 		d := replay.Compare(tc.p, []byte(tc.taped), []byte(tc.incoming))
@@ -223,7 +240,7 @@ func TestOutsideEffectAnsweredFromTape(t *testing.T) {
 		if replaced && strings.Contains(string(out), "is_error") {
 			t.Errorf("%s: the request sent on %s keeps the replay's is_error", tc.name, out)
 		}
-		for _, orig := range []string{"JIRA-7 created", "page text", "posted", "done", "counted-1"} {
+		for _, orig := range []string{"JIRA-7 created", "page text", "posted", "done", "counted-1", "resource text", "res://a"} {
 			if replaced && strings.Contains(tc.taped, orig) && !strings.Contains(string(out), orig) {
 				t.Errorf("%s: the request sent on %s does not hold the tape's output %q", tc.name, out, orig)
 			}
