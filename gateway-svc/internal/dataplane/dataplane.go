@@ -282,6 +282,9 @@ type call struct {
 	failure string
 	// done: the step is recorded (finish ran).
 	done bool
+	// tapeSeq is the step of the replayed tape this call stands for (its
+	// own seq but in a replay that passed over taped steps: SkipTape).
+	tapeSeq int32
 	// answered is when the harness had the whole answer, for a step taped
 	// after it (a replayed one); zero: the step is taped before its end.
 	answered time.Time
@@ -349,17 +352,27 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 	}}
 	defer h.finish(c)
 	// The work tree hash is taken while the call goes on (the tape is
-	// read, the upstream answers); the answer's first byte waits for it.
-	// A replay checked at its end (tree_check_at_end) takes it only at
-	// the prefix's last two requests, at_seq and at_seq+1: its replayed
-	// answers before them wait for no hash.
-	if rp := run.GetReplay(); !rp.GetTreeCheckAtEnd() || rp.GetOutsideOnly() || seq >= rp.GetAtSeq() {
+	// read, the upstream answers); the answer's first byte waits for it
+	// (hashAt: when it is taken).
+	c.tapeSeq = seq
+	rp := run.GetReplay()
+	replaying := rp != nil && rp.GetTapeRun() != "" && !rp.GetOutsideOnly()
+	var prior *gatewayv1.Divergence
+	if replaying {
+		// The taped step this call stands for: the tape's steps the
+		// replay passed over come before it (SkipTape).
+		d, _, skipped, err := h.o.Runs.ReplayState(ctx, run.GetId())
+		if err == nil {
+			prior, c.tapeSeq = d, seq+skipped
+		}
+	}
+	if h.hashAt(rp, c) {
 		h.startTree(ctx, c)
 	}
 	w = &treeGate{ResponseWriter: w, wait: func() { h.awaitTree(c) }}
 
-	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" && !rp.GetOutsideOnly() {
-		if done := h.replayStep(w, r, c, rp); done {
+	if replaying {
+		if done := h.replayStep(w, r, c, rp, prior); done {
 			return
 		}
 	}
@@ -401,6 +414,14 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 		return
 	}
 	h.forward(w, r, c, upBody, leader)
+}
+
+// hashAt reports whether call c's work tree is hashed: at every step,
+// but in a replay checked at its end (tree_check_at_end), only at the
+// prefix's last two requests, at_seq and at_seq+1 (of the tape): its
+// replayed answers before them wait for no hash.
+func (h *Handler) hashAt(rp *gatewayv1.Replay, c *call) bool {
+	return !rp.GetTreeCheckAtEnd() || rp.GetOutsideOnly() || c.tapeSeq >= rp.GetAtSeq()
 }
 
 // treeHashTimeout bounds the hash of a work tree (a git add into a copy of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,5 +133,95 @@ func TestReplayedAnswerBeforeItsTaping(t *testing.T) {
 		if !st.GetReplayed() || st.GetLatencyMs() < 0 {
 			t.Errorf("step %d: replayed %v latency %d", i+1, st.GetReplayed(), st.GetLatencyMs())
 		}
+	}
+}
+
+// TestReplayPassesOverWebFetchSideCalls: Claude Code's WebFetch asks a
+// small model about the page it fetched, a call of the run taped between
+// the step that called WebFetch and the one carrying its output. A
+// replay's sealed sandbox fetches nothing, so its CLI makes no such call:
+// its next request is checked against the tape's after the side call
+// (the WebFetch output answered from the tape), the side call counts as
+// replayed, and the run's later steps are the tape's one further on. A
+// replay that does make the side call matches it; a request that
+// differs otherwise is a divergence at its own step.
+func TestReplayPassesOverWebFetchSideCalls(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	const tools = `"tools":[{"name":"WebFetch","input_schema":{"type":"object"}}]`
+	main1 := func(prompt string) string {
+		return `{"model":"claude-sonnet-4-5","stream":true,` + tools + `,"messages":[{"role":"user","content":"` + prompt + `"}]}`
+	}
+	side := `{"model":"claude-haiku-4-5","stream":true,"messages":[{"role":"user","content":"page text\n\nwhat does it say"}]}`
+	main2 := func(id, result string) string {
+		return `{"model":"claude-sonnet-4-5","stream":true,` + tools + `,"messages":[{"role":"user","content":"fetch a page"},` +
+			`{"role":"assistant","content":[{"type":"tool_use","id":"` + id + `","name":"WebFetch","input":{"url":"https://10.0.0.1/p","prompt":"what does it say"}}]},` +
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"` + id + `",` + result + `}]}]}`
+	}
+	rec, tok := e.create(t, &gatewayv1.Run{Session: "ses-rec"})
+	if ans := e.post(t, "/v1/messages", tok, main1("fetch a page")); ans.status != http.StatusOK || !strings.Contains(ans.body, "WebFetch") {
+		t.Fatalf("step 1: %d %s", ans.status, ans.body)
+	}
+	id := regexp.MustCompile(`toolu_[0-9A-Za-z]+`).FindString(e.post(t, "/v1/messages", tok, side).body)
+	step1, err := e.tapes.Step(context.Background(), rec.GetId(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range step1.GetResponse().GetEvents() {
+		if m := regexp.MustCompile(`toolu_[0-9A-Za-z]+`).FindString(ev.GetData()); m != "" {
+			id = m
+		}
+	}
+	if ans := e.post(t, "/v1/messages", tok, main2(id, `"content":"hello there"`)); ans.status != http.StatusOK {
+		t.Fatalf("step 3: %d %s", ans.status, ans.body)
+	}
+	replayRun := func(name string) (string, string) {
+		r, rtok := e.create(t, &gatewayv1.Run{Session: name, Replay: &gatewayv1.Replay{TapeRun: rec.GetId(), AtSeq: 3,
+			AfterPrefix: gatewayv1.AfterPrefix_AFTER_PREFIX_STOP, TreeCheckAtEnd: true}})
+		return r.GetId(), rtok
+	}
+	state := func(run string) (*gatewayv1.Divergence, int32) {
+		d, n, err := e.runs.Divergence(context.Background(), run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d, n
+	}
+
+	// Sealed: the fetch failed, no side call.
+	run, rtok := replayRun("ses-sealed")
+	for i, body := range []string{main1("fetch a page"), main2(id, `"content":"fetch failed: connect ECONNREFUSED 10.0.0.1:443","is_error":true`)} {
+		if ans := e.post(t, "/v1/messages", rtok, body); ans.status != http.StatusOK || ans.header.Get("x-hangar-replayed") != "true" {
+			t.Fatalf("sealed replay, request %d: %d %s", i+1, ans.status, ans.body)
+		}
+	}
+	if d, n := state(run); d != nil || n != 3 {
+		t.Errorf("sealed replay: divergence %v, %d steps replayed, want none and 3", d, n)
+	}
+	// The request after the prefix is the tape's fourth (there is none:
+	// the run ended), not its third.
+	if ans := e.post(t, "/v1/messages", rtok, main2(id, `"content":"x"`)); !strings.Contains(ans.body, "step 4") {
+		t.Errorf("sealed replay, the request after the prefix: %d %s, want a divergence at step 4", ans.status, ans.body)
+	}
+
+	// Not sealed: the CLI makes the side call, which is the tape's step 2.
+	run, rtok = replayRun("ses-open")
+	for i, body := range []string{main1("fetch a page"), side, main2(id, `"content":"hello there"`)} {
+		if ans := e.post(t, "/v1/messages", rtok, body); ans.status != http.StatusOK || ans.header.Get("x-hangar-replayed") != "true" {
+			t.Fatalf("open replay, request %d: %d %s", i+1, ans.status, ans.body)
+		}
+	}
+	if d, n := state(run); d != nil || n != 3 {
+		t.Errorf("open replay: divergence %v, %d steps replayed, want none and 3", d, n)
+	}
+
+	// Another request where the side call was: a divergence at step 2.
+	run, rtok = replayRun("ses-other")
+	e.post(t, "/v1/messages", rtok, main1("fetch a page"))
+	if ans := e.post(t, "/v1/messages", rtok, main1("another prompt")); ans.status != http.StatusForbidden || !strings.Contains(ans.body, "step 2 (model)") {
+		t.Errorf("another request: %d %s, want a model divergence at step 2", ans.status, ans.body)
+	}
+	if d, _ := state(run); d.GetSeq() != 2 {
+		t.Errorf("another request: divergence %v, want at step 2", d)
 	}
 }

@@ -16,7 +16,7 @@ import (
 // they read the servers), and client-side web access (Claude Code's
 // WebFetch; WebSearch and Codex's web_search run at the provider, inside
 // the taped answer, and never reach the sandbox). pi's codemode tool is
-// one when its script calls an MCP tool (outsideCall).
+// one when its script calls an MCP tool (OutsideCall).
 func OutsideEffect(tool string) bool {
 	return strings.HasPrefix(tool, "mcp__") || mcpResourceTools[tool] ||
 		tool == "WebFetch" || tool == "WebSearch" || tool == "web_search" || tool == "web_fetch"
@@ -32,13 +32,13 @@ var mcpResourceTools = map[string]bool{"list_mcp_resources": true, "list_mcp_res
 // tools.mcp__<server>__<tool>(...).
 const piCodemode = "codemode"
 
-// outsideCall reports whether a call of tool with input (its arguments:
+// OutsideCall reports whether a call of tool with input (its arguments:
 // decoded JSON or the JSON text) has effects outside the sandbox: the
 // tool has (OutsideEffect), or it is a codemode script that names an MCP
 // tool. Such a script may do local work too; the tape's output stands
 // for the whole script, and what its local part left is still checked
 // as the replay's work tree.
-func outsideCall(tool string, input any) bool {
+func OutsideCall(tool string, input any) bool {
 	return OutsideEffect(tool) || tool == piCodemode && namesMCPTool(input)
 }
 
@@ -95,7 +95,7 @@ func outsideCalls(provider gatewayv1.Provider, req any) map[string]bool {
 		for _, msg := range asSlice(m["messages"]) {
 			for _, blk := range asSlice(asMap(msg)["content"]) {
 				b := asMap(blk)
-				if str(b, "type") == "tool_use" && outsideCall(str(b, "name"), b["input"]) {
+				if str(b, "type") == "tool_use" && OutsideCall(str(b, "name"), b["input"]) {
 					ids[str(b, "id")] = true
 				}
 			}
@@ -103,7 +103,7 @@ func outsideCalls(provider gatewayv1.Provider, req any) map[string]bool {
 	case gatewayv1.Provider_PROVIDER_OPENAI_RESPONSES:
 		for _, it := range asSlice(m["input"]) {
 			i := asMap(it)
-			if (str(i, "type") == "function_call" || str(i, "type") == "custom_tool_call") && outsideCall(str(i, "name"), i["arguments"]) {
+			if (str(i, "type") == "function_call" || str(i, "type") == "custom_tool_call") && OutsideCall(str(i, "name"), i["arguments"]) {
 				ids[str(i, "call_id")] = true
 			}
 		}
@@ -111,7 +111,7 @@ func outsideCalls(provider gatewayv1.Provider, req any) map[string]bool {
 		for _, msg := range asSlice(m["messages"]) {
 			for _, tc := range asSlice(asMap(msg)["tool_calls"]) {
 				c := asMap(tc)
-				if f := asMap(c["function"]); outsideCall(str(f, "name"), f["arguments"]) {
+				if f := asMap(c["function"]); OutsideCall(str(f, "name"), f["arguments"]) {
 					ids[str(c, "id")] = true
 				}
 			}
