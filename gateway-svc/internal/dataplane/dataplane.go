@@ -97,6 +97,8 @@ type Handler struct {
 	// tapeSessions caches the session of each taped run a replay read
 	// (tapeSession).
 	tapeSessions sync.Map
+	// outputSteps caches outputsStep by tape run and at_seq.
+	outputSteps sync.Map
 }
 
 // New returns the data plane handler.

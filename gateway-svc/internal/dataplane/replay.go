@@ -262,7 +262,11 @@ func (h *Handler) answerFromTape(ctx context.Context, c *call, rp *gatewayv1.Rep
 	if rp.GetOutsideOnly() {
 		seq = rp.GetAtSeq() + 1
 	}
-	for _, n := range []int32{min(seq, rp.GetAtSeq()+1), min(seq, rp.GetAtSeq())} {
+	first := min(seq, rp.GetAtSeq()+1)
+	if first == rp.GetAtSeq()+1 {
+		first = h.outputsStep(ctx, rp)
+	}
+	for _, n := range []int32{first, min(seq, rp.GetAtSeq())} {
 		if n <= 0 {
 			continue
 		}
@@ -274,6 +278,24 @@ func (h *Handler) answerFromTape(ctx context.Context, c *call, rp *gatewayv1.Rep
 		return out
 	}
 	return body
+}
+
+// outputsStep is the taped step whose request carries the outputs of the
+// prefix's calls: at_seq+1, or the step after the side calls taped there
+// (a fork at the step that called WebFetch: its side call is at_seq+1,
+// its output in the request after). A tape that is forked no longer
+// changes: it is found once per process.
+func (h *Handler) outputsStep(ctx context.Context, rp *gatewayv1.Replay) int32 {
+	key := rp.GetTapeRun() + "@" + strconv.Itoa(int(rp.GetAtSeq()))
+	if v, ok := h.outputSteps.Load(key); ok {
+		return v.(int32)
+	}
+	n := rp.GetAtSeq() + 1
+	for i := 0; i < maxSideCalls && h.sideCall(ctx, rp, n); i++ {
+		n++
+	}
+	h.outputSteps.Store(key, n)
+	return n
 }
 
 // tapeSession is the session the taped run belonged to ("" when unknown).

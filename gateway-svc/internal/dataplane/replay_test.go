@@ -215,6 +215,24 @@ func TestReplayPassesOverWebFetchSideCalls(t *testing.T) {
 		t.Errorf("open replay: divergence %v, %d steps replayed, want none and 3", d, n)
 	}
 
+	// A trial forked at the step that called WebFetch (its side call is
+	// the tape's step 2): the model is shown the tape's WebFetch output,
+	// from the request after the side call.
+	before := e.gate.calls.Load()
+	_, ttok := e.create(t, &gatewayv1.Run{Session: "ses-trial", Replay: &gatewayv1.Replay{TapeRun: rec.GetId(), AtSeq: 1, OutsideOnly: true}})
+	if ans := e.post(t, "/v1/messages", ttok, main2(id, `"content":"fetch failed: connect ECONNREFUSED 10.0.0.1:443","is_error":true`)); ans.status != http.StatusOK {
+		t.Fatalf("trial: %d %s", ans.status, ans.body)
+	}
+	if n := e.gate.calls.Load(); n != before+1 {
+		t.Fatalf("the trial's call made %d upstream calls, want 1", n-before)
+	}
+	e.gate.mu.Lock()
+	sent := e.gate.order[len(e.gate.order)-1]
+	e.gate.mu.Unlock()
+	if !strings.Contains(sent, "hello there") || strings.Contains(sent, "ECONNREFUSED") || strings.Contains(sent, "is_error") {
+		t.Errorf("the upstream got %s: want the tape's WebFetch output", sent)
+	}
+
 	// Another request where the side call was: a divergence at step 2.
 	run, rtok = replayRun("ses-other")
 	e.post(t, "/v1/messages", rtok, main1("fetch a page"))
