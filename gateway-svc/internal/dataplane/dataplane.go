@@ -765,10 +765,18 @@ func (h *Handler) finish(c *call) {
 		model = c.step.Model
 	}
 	if c.step.Replayed {
-		// Answered from the tape: the usage is the taped one, not billed again.
-		if err := h.o.Runs.Touch(ctx, c.run.GetId(), c.step.Seq); err != nil {
-			h.o.Logger.LogAttrs(ctx, slog.LevelError, "step count failed", slog.Any("error", err))
-		}
+		// Answered from the tape: the usage is the taped one, not billed
+		// again. The step count (and the run's journal, an fsynced write)
+		// goes alongside the taping below, which needs nothing from it.
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := h.o.Runs.Touch(ctx, c.run.GetId(), c.step.Seq); err != nil {
+				h.o.Logger.LogAttrs(ctx, slog.LevelError, "step count failed", slog.Any("error", err))
+			}
+		}()
+		defer wg.Wait()
 	} else {
 		var (
 			u      *gatewayv1.Usage
