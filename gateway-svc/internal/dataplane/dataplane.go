@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	gatewayv1 "github.com/hangar-dev/hangar/api/hangar/gateway/v1"
@@ -90,6 +91,14 @@ type TreeHasher interface {
 type Handler struct {
 	o      Options
 	groups groups
+	// taping holds, by run, a channel closed once the run's last
+	// replayed step is taped (its answer went out first; recording).
+	taping sync.Map
+	// tapeSessions caches the session of each taped run a replay read
+	// (tapeSession).
+	tapeSessions sync.Map
+	// outputSteps caches outputsStep by tape run and at_seq.
+	outputSteps sync.Map
 }
 
 // New returns the data plane handler.
@@ -275,6 +284,12 @@ type call struct {
 	failure string
 	// done: the step is recorded (finish ran).
 	done bool
+	// tapeSeq is the step of the replayed tape this call stands for (its
+	// own seq but in a replay that passed over taped steps: SkipTape).
+	tapeSeq int32
+	// answered is when the harness had the whole answer, for a step taped
+	// after it (a replayed one); zero: the step is taped before its end.
+	answered time.Time
 	// tree is the work tree hash being taken (nil: none is taken).
 	tree *pendingTree
 }
@@ -290,6 +305,7 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 	if run == nil {
 		return
 	}
+	h.awaitRecorded(ctx, run.GetId())
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.o.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -338,17 +354,27 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 	}}
 	defer h.finish(c)
 	// The work tree hash is taken while the call goes on (the tape is
-	// read, the upstream answers); the answer's first byte waits for it.
-	// A replay checked at its end (tree_check_at_end) takes it only at
-	// the prefix's last two requests, at_seq and at_seq+1: its replayed
-	// answers before them wait for no hash.
-	if rp := run.GetReplay(); !rp.GetTreeCheckAtEnd() || rp.GetOutsideOnly() || seq >= rp.GetAtSeq() {
+	// read, the upstream answers); the answer's first byte waits for it
+	// (hashAt: when it is taken).
+	c.tapeSeq = seq
+	rp := run.GetReplay()
+	replaying := rp != nil && rp.GetTapeRun() != "" && !rp.GetOutsideOnly()
+	var prior *gatewayv1.Divergence
+	if replaying {
+		// The taped step this call stands for: the tape's steps the
+		// replay passed over come before it (SkipTape).
+		d, _, skipped, err := h.o.Runs.ReplayState(ctx, run.GetId())
+		if err == nil {
+			prior, c.tapeSeq = d, seq+skipped
+		}
+	}
+	if h.hashAt(rp, c) {
 		h.startTree(ctx, c)
 	}
 	w = &treeGate{ResponseWriter: w, wait: func() { h.awaitTree(c) }}
 
-	if rp := run.GetReplay(); rp != nil && rp.GetTapeRun() != "" && !rp.GetOutsideOnly() {
-		if done := h.replayStep(w, r, c, rp); done {
+	if replaying {
+		if done := h.replayStep(w, r, c, rp, prior); done {
 			return
 		}
 	}
@@ -390,6 +416,14 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, p gatewayv1
 		return
 	}
 	h.forward(w, r, c, upBody, leader)
+}
+
+// hashAt reports whether call c's work tree is hashed: at every step,
+// but in a replay checked at its end (tree_check_at_end), only at the
+// prefix's last two requests, at_seq and at_seq+1 (of the tape): its
+// replayed answers before them wait for no hash.
+func (h *Handler) hashAt(rp *gatewayv1.Replay, c *call) bool {
+	return !rp.GetTreeCheckAtEnd() || rp.GetOutsideOnly() || c.tapeSeq >= rp.GetAtSeq()
 }
 
 // treeHashTimeout bounds the hash of a work tree (a git add into a copy of
@@ -712,7 +746,11 @@ func (h *Handler) finish(c *call) {
 	h.awaitTree(c)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(context.Background()), 30*time.Second+storeOutageWait)
 	defer cancel()
-	c.step.LatencyMs = h.o.Now().Sub(c.start).Milliseconds()
+	end := c.answered
+	if end.IsZero() {
+		end = h.o.Now()
+	}
+	c.step.LatencyMs = end.Sub(c.start).Milliseconds()
 	if c.step.Response == nil {
 		c.step.Response = &gatewayv1.StepResponse{}
 	}
@@ -727,10 +765,18 @@ func (h *Handler) finish(c *call) {
 		model = c.step.Model
 	}
 	if c.step.Replayed {
-		// Answered from the tape: the usage is the taped one, not billed again.
-		if err := h.o.Runs.Touch(ctx, c.run.GetId(), c.step.Seq); err != nil {
-			h.o.Logger.LogAttrs(ctx, slog.LevelError, "step count failed", slog.Any("error", err))
-		}
+		// Answered from the tape: the usage is the taped one, not billed
+		// again. The step count (and the run's journal, an fsynced write)
+		// goes alongside the taping below, which needs nothing from it.
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := h.o.Runs.Touch(ctx, c.run.GetId(), c.step.Seq); err != nil {
+				h.o.Logger.LogAttrs(ctx, slog.LevelError, "step count failed", slog.Any("error", err))
+			}
+		}()
+		defer wg.Wait()
 	} else {
 		var (
 			u      *gatewayv1.Usage

@@ -115,6 +115,8 @@ func newEnv(t *testing.T, tweak func(*dataplane.Options)) *env {
 	e.upstream = scripted.MustNew(scripted.Script{Rules: []scripted.Rule{
 		{Name: "tool", Prompt: "use a tool", ToolsOffered: scripted.Bool(true),
 			Answer: scripted.Answer{ToolCall: &scripted.ToolCall{Name: "Bash", Input: map[string]any{"command": "echo hi"}}}},
+		{Name: "fetch", Prompt: "fetch a page", ToolsOffered: scripted.Bool(true), LastIsToolResult: scripted.Bool(false),
+			Answer: scripted.Answer{ToolCall: &scripted.ToolCall{Name: "WebFetch", Input: map[string]any{"url": "https://10.0.0.1/p", "prompt": "what does it say"}}}},
 	}, Default: &scripted.Answer{Text: "hello there", Usage: &scripted.Usage{InputTokens: 10, OutputTokens: 5}}})
 	e.gate = &gate{next: e.upstream, release: make(chan struct{}), arrived: make(chan string, 8)}
 	e.up = httptest.NewServer(e.gate)

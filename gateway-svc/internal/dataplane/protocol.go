@@ -329,6 +329,8 @@ func modelOf(body []byte) string {
 	var m struct {
 		Model string `json:"model"`
 	}
-	_ = json.Unmarshal(body, &m)
+	// One scan: the body was validated already (json.Unmarshal would
+	// validate it again first).
+	_ = json.NewDecoder(bytes.NewReader(body)).Decode(&m)
 	return m.Model
 }

@@ -1,11 +1,13 @@
 package dataplane
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -18,20 +20,19 @@ import (
 
 // replayStep answers a call of a replaying run from the tape when its step
 // is in the replayed prefix. It reports whether it answered (or refused);
-// false means: go live.
-func (h *Handler) replayStep(w http.ResponseWriter, r *http.Request, c *call, rp *gatewayv1.Replay) bool {
+// false means: go live. prior is the run's divergence so far.
+func (h *Handler) replayStep(w http.ResponseWriter, r *http.Request, c *call, rp *gatewayv1.Replay, prior *gatewayv1.Divergence) bool {
 	ctx := r.Context()
-	seq := c.step.Seq
-	if prior, _, err := h.o.Runs.Divergence(ctx, c.run.GetId()); err == nil && prior != nil {
+	if prior != nil {
 		// Diverged earlier and still running: the run went live.
 		return false
 	}
-	if seq > rp.GetAtSeq()+1 || seq == rp.GetAtSeq()+1 && rp.GetAfterPrefix() != gatewayv1.AfterPrefix_AFTER_PREFIX_STOP {
+	if seq := c.tapeSeq; seq > rp.GetAtSeq()+1 || seq == rp.GetAtSeq()+1 && rp.GetAfterPrefix() != gatewayv1.AfterPrefix_AFTER_PREFIX_STOP {
 		// Past the prefix and its checked request: live. (A live run's
 		// request after the prefix was checked by the clause below only
 		// when it stops; going live, it is compared here first.)
 		if seq == rp.GetAtSeq()+1 {
-			if taped, d, failed := h.checkStep(ctx, w, c, rp, seq); failed {
+			if taped, d, failed := h.checkAligned(ctx, w, c, rp); failed {
 				return true
 			} else if d != nil && taped != nil {
 				return h.diverged(ctx, w, c, rp, d)
@@ -39,14 +40,14 @@ func (h *Handler) replayStep(w http.ResponseWriter, r *http.Request, c *call, rp
 		}
 		return false
 	}
-	taped, d, failed := h.checkStep(ctx, w, c, rp, seq)
+	taped, d, failed := h.checkAligned(ctx, w, c, rp)
 	if failed {
 		return true
 	}
 	if d != nil {
 		return h.diverged(ctx, w, c, rp, d)
 	}
-	if seq > rp.GetAtSeq() {
+	if c.tapeSeq > rp.GetAtSeq() {
 		// The request after the prefix matched; a strict check stops here.
 		reason := fmt.Sprintf("replay of %s ended after step %d", rp.GetTapeRun(), rp.GetAtSeq())
 		h.stop(ctx, c, reason)
@@ -54,34 +55,52 @@ func (h *Handler) replayStep(w http.ResponseWriter, r *http.Request, c *call, rp
 		return true
 	}
 
-	// Answer from the tape.
+	// Answer from the tape. The answer is whole in hand, so it goes out
+	// in one write with its length: the harness has all of it (and runs
+	// its tools) once the last byte arrives, not when the handler
+	// returns. The step is taped after that, while the tools run (two
+	// fsynced writes, the run's journal and the tape: 6-20 ms that every
+	// replayed step waited for before its answer); the run's next call
+	// waits for it (recording), so it still finds the tape current.
 	resp := proto.Clone(taped.GetResponse()).(*gatewayv1.StepResponse)
 	c.step.Replayed = true
 	c.step.Response = resp
 	c.step.Usage = taped.GetUsage()
-	// Record before answering: once the client has the answer, the progress
-	// and the tape are current.
+	// The progress is counted before the answer: a replay-svc that reads
+	// it once the harness is done sees every answered step.
 	if err := h.o.Runs.ReplayProgress(ctx, c.run.GetId()); err != nil {
 		h.o.Logger.LogAttrs(ctx, slog.LevelError, "replay progress not recorded", slog.Any("error", err))
 	}
-	h.finish(c)
+	body := replayedBody(resp)
+	done := h.recording(c.run.GetId())
+	defer done()
+	defer h.finish(c)
 	for k, v := range resp.GetHeaders() {
 		if k == "content-type" {
 			w.Header().Set("Content-Type", v)
 		}
 	}
 	w.Header().Set("x-hangar-replayed", "true")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	status := int(resp.GetStatus())
 	if status == 0 {
 		status = http.StatusOK
 	}
 	w.WriteHeader(status)
-	rc := http.NewResponseController(w)
+	_, _ = w.Write(body)
+	_ = http.NewResponseController(w).Flush()
+	c.answered = h.o.Now()
+	return true
+}
+
+// replayedBody is a taped answer as the harness gets it: the body, or the
+// SSE events.
+func replayedBody(resp *gatewayv1.StepResponse) []byte {
 	if len(resp.GetEvents()) == 0 {
-		_, _ = w.Write(resp.GetBody())
+		return resp.GetBody()
 	}
+	var sb strings.Builder
 	for _, ev := range resp.GetEvents() {
-		var sb strings.Builder
 		if ev.GetEvent() != "" {
 			sb.WriteString("event: " + ev.GetEvent() + "\n")
 		}
@@ -89,12 +108,120 @@ func (h *Handler) replayStep(w http.ResponseWriter, r *http.Request, c *call, rp
 			sb.WriteString("data: " + line + "\n")
 		}
 		sb.WriteString("\n")
-		if _, err := w.Write([]byte(sb.String())); err != nil {
+	}
+	return []byte(sb.String())
+}
+
+// recording marks a step of run as being taped after its answer; the
+// returned function ends it. awaitRecorded waits for it.
+func (h *Handler) recording(run string) func() {
+	ch := make(chan struct{})
+	h.taping.Store(run, ch)
+	return func() {
+		h.taping.CompareAndDelete(run, ch)
+		close(ch)
+	}
+}
+
+// awaitRecorded waits until the run's previous step, answered before it
+// was taped (a replayed step), is on the tape, so every call finds its
+// run's tape and counters current, as when steps were taped before their
+// answer. A harness's next call comes after its tools ran, so this
+// rarely waits. (It covers this process: a call that reaches another
+// replica within those milliseconds does not wait.)
+func (h *Handler) awaitRecorded(ctx context.Context, run string) {
+	v, ok := h.taping.Load(run)
+	if !ok {
+		return
+	}
+	select {
+	case <-v.(chan struct{}):
+	case <-ctx.Done():
+	}
+}
+
+// maxSideCalls bounds how many taped steps in a row a replay passes over
+// as the side calls of one call with outside effects.
+const maxSideCalls = 4
+
+// checkAligned is checkStep at the call's step of the tape, passing over
+// the taped side calls of a call with outside effects (sideCall) that
+// the replay's harness does not make: Claude Code's WebFetch asks a
+// small model about the page it fetched, a model call of the run's own,
+// taped between the step that called WebFetch and the one that carries
+// its output; a replay's sealed sandbox fetches nothing, so its CLI makes
+// no such call, and its next request is the tape's after the side call.
+// When the request matches a taped step after such side calls, the run
+// records the passed-over steps (SkipTape) and the call stands for that
+// step; otherwise the divergence is the one at the call's own step.
+func (h *Handler) checkAligned(ctx context.Context, w http.ResponseWriter, c *call, rp *gatewayv1.Replay) (*gatewayv1.Step, *gatewayv1.Divergence, bool) {
+	taped, d, failed := h.checkStep(ctx, w, c, rp, c.tapeSeq)
+	if failed || d == nil || taped == nil || d.GetKind() != gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL {
+		return taped, d, failed
+	}
+	for skip := int32(1); skip <= maxSideCalls && h.sideCall(ctx, rp, c.tapeSeq+skip-1); skip++ {
+		t := c.tapeSeq + skip
+		probe := *c
+		probe.tapeSeq = t
+		if c.tree == nil && h.hashAt(rp, &probe) {
+			// The step this call stands for is hashed (the end of a
+			// prefix checked at its end).
+			h.startTree(ctx, c)
+		}
+		taped2, d2, failed2 := h.checkStep(ctx, w, c, rp, t)
+		if failed2 {
+			return nil, nil, true
+		}
+		if taped2 == nil {
 			break
 		}
-		_ = rc.Flush()
+		if d2 == nil || d2.GetKind() != gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL {
+			if err := h.o.Runs.SkipTape(ctx, c.run.GetId(), skip); err != nil {
+				h.o.Logger.LogAttrs(ctx, slog.LevelError, "taped side calls not passed over", slog.Any("error", err))
+				return taped, d, false
+			}
+			c.tapeSeq = t
+			return taped2, d2, false
+		}
 	}
-	return true
+	return taped, d, false
+}
+
+// sideCall reports whether taped step t is a side call of a call with
+// outside effects (replay.OutsideCall): an earlier step's answer made the
+// call, and neither step t's request nor any request between carries its
+// output (the tool, still running, made the request itself).
+func (h *Handler) sideCall(ctx context.Context, rp *gatewayv1.Replay, t int32) bool {
+	cur, err := h.o.Tapes.Step(ctx, rp.GetTapeRun(), t)
+	if err != nil {
+		return false
+	}
+	carries := func(st *gatewayv1.Step, id string) bool {
+		return bytes.Contains(st.GetRequest().GetBody(), []byte(`"`+id+`"`))
+	}
+	between := []*gatewayv1.Step{cur}
+	for j := t - 1; j >= max(1, t-maxSideCalls); j-- {
+		st, err := h.o.Tapes.Step(ctx, rp.GetTapeRun(), j)
+		if err != nil {
+			return false
+		}
+		for _, tc := range toolCalls(st.GetProvider(), st.GetResponse()) {
+			if tc.GetId() == "" || !replay.OutsideCall(tc.GetToolName(), tc.GetInputJson()) {
+				continue
+			}
+			pending := true
+			for _, b := range between {
+				if carries(b, tc.GetId()) {
+					pending = false
+				}
+			}
+			if pending {
+				return true
+			}
+		}
+		between = append(between, st)
+	}
+	return false
 }
 
 // checkStep compares the call's request with step seq of the tape. It
@@ -131,11 +258,15 @@ func (h *Handler) checkStep(ctx context.Context, w http.ResponseWriter, c *call,
 // that only continues a prefix (outside_only: a trial, its own steps
 // counted from 1) reads that request whatever its step.
 func (h *Handler) answerFromTape(ctx context.Context, c *call, rp *gatewayv1.Replay, body []byte) []byte {
-	seq := c.step.Seq
+	seq := c.tapeSeq
 	if rp.GetOutsideOnly() {
 		seq = rp.GetAtSeq() + 1
 	}
-	for _, n := range []int32{min(seq, rp.GetAtSeq()+1), min(seq, rp.GetAtSeq())} {
+	first := min(seq, rp.GetAtSeq()+1)
+	if first == rp.GetAtSeq()+1 {
+		first = h.outputsStep(ctx, rp)
+	}
+	for _, n := range []int32{first, min(seq, rp.GetAtSeq())} {
 		if n <= 0 {
 			continue
 		}
@@ -149,12 +280,35 @@ func (h *Handler) answerFromTape(ctx context.Context, c *call, rp *gatewayv1.Rep
 	return body
 }
 
+// outputsStep is the taped step whose request carries the outputs of the
+// prefix's calls: at_seq+1, or the step after the side calls taped there
+// (a fork at the step that called WebFetch: its side call is at_seq+1,
+// its output in the request after). A tape that is forked no longer
+// changes: it is found once per process.
+func (h *Handler) outputsStep(ctx context.Context, rp *gatewayv1.Replay) int32 {
+	key := rp.GetTapeRun() + "@" + strconv.Itoa(int(rp.GetAtSeq()))
+	if v, ok := h.outputSteps.Load(key); ok {
+		return v.(int32)
+	}
+	n := rp.GetAtSeq() + 1
+	for i := 0; i < maxSideCalls && h.sideCall(ctx, rp, n); i++ {
+		n++
+	}
+	h.outputSteps.Store(key, n)
+	return n
+}
+
 // tapeSession is the session the taped run belonged to ("" when unknown).
+// A run's session never changes: it is read once per process.
 func (h *Handler) tapeSession(ctx context.Context, run string) string {
+	if s, ok := h.tapeSessions.Load(run); ok {
+		return s.(string)
+	}
 	src, err := h.o.Runs.Get(ctx, run)
 	if err != nil {
 		return ""
 	}
+	h.tapeSessions.Store(run, src.GetSession())
 	return src.GetSession()
 }
 
@@ -162,7 +316,8 @@ func (h *Handler) tapeSession(ctx context.Context, run string) string {
 // divergence, stops the run and refuses the call. It reports whether it
 // answered the call.
 func (h *Handler) diverged(ctx context.Context, w http.ResponseWriter, c *call, rp *gatewayv1.Replay, d *gatewayv1.Divergence) bool {
-	d.Seq = c.step.Seq
+	// The tape's step: the fork's divergence names the recorded run's.
+	d.Seq = c.tapeSeq
 	c.step.Divergence = d
 	if _, err := h.o.Runs.SetDivergence(ctx, c.run.GetId(), d); err != nil {
 		h.o.Logger.LogAttrs(ctx, slog.LevelError, "divergence not recorded", slog.Any("error", err))

@@ -88,6 +88,16 @@ func TestCanonicalisation(t *testing.T) {
 		{"codex date", resp,
 			`{"model":"m","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"<current_date>2026-11-30</current_date>"}]}]}`,
 			`{"model":"m","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"<current_date>2026-12-01</current_date>"}]}]}`, 0},
+		{"date line (Today's date:)", anth, system(`Today's date: 2026-11-30`), system(`Today's date: 2026-12-01`), 0},
+		{"date line (Current date:)", anth, system(`Current date: 2026-11-30`), system(`Current date: 2026-12-01`), 0},
+		{"two dates of two forms", anth, system(`Today's date is 2026-11-30. Current date: 2026-11-30`), system(`Today's date is 2026-12-01. Current date: 2026-12-02`), 0},
+		{"a date line's text still compared", anth, system(`Today's date is 2026-11-30. a`), system(`Today's date is 2026-12-01. b`), gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL},
+		{"the same request spaced otherwise", anth,
+			`{"model":"m","metadata":{"user_id":"s1"},"messages":[{"role":"user","content":"hi"}]}`,
+			`{"model": "m", "metadata": {"user_id": "s2"}, "messages": [{"role": "user", "content": "hi"}]}`, 0},
+		{"a field only one side has", anth,
+			`{"model":"m","metadata":{"user_id":"s1"},"messages":[]}`,
+			`{"model":"m","metadata":{"user_id":"s2"},"messages":[],"temperature":1}`, gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL},
 		{"date elsewhere still differs", anth, system(`release 2026-11-30`), system(`release 2026-12-01`), gatewayv1.DivergenceKind_DIVERGENCE_KIND_MODEL},
 		{"work tree path", anth,
 			system(`Working directory: /var/hangar/sandboxes/demo/work`),
@@ -122,6 +132,12 @@ func TestCanonicalisation(t *testing.T) {
 		{"tool wall time", resp,
 			`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"exec_command","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"Chunk ID: ab12\nWall time: 0.0100 seconds\nok"}]}`,
 			`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"exec_command","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"Chunk ID: cd34\nWall time: 0.9000 seconds\nok"}]}`, 0},
+		{"tool time (took)", resp,
+			`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"exec_command","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"ok, took 12ms"}]}`,
+			`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"exec_command","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"ok, took 1.5s"}]}`, 0},
+		{"tool output beside a wall time still compared", resp,
+			`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"exec_command","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"Wall time: 0.0100 seconds\nok"}]}`,
+			`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"exec_command","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"Wall time: 0.9000 seconds\nno"}]}`, gatewayv1.DivergenceKind_DIVERGENCE_KIND_TOOL},
 		{"tool output printing the clock", anth,
 			`{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"Tue Dec  1 08:00:00 UTC 2026"}]}]}`,
 			`{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"Tue Dec  1 08:00:07 UTC 2026"}]}]}`, gatewayv1.DivergenceKind_DIVERGENCE_KIND_TOOL},
@@ -179,6 +195,11 @@ func TestOutsideEffectAnsweredFromTape(t *testing.T) {
 	chatBody := func(tool, out string) string {
 		return `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"` + tool + `","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"` + out + `"}]}`
 	}
+	// piCodemode is a pi request whose codemode call ran script (its
+	// arguments are JSON text: {"code": script}) and printed out.
+	piCodemode := func(script, out string) string {
+		return `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"codemode","arguments":"{\"code\":\"` + script + `\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"` + out + `"}]}`
+	}
 	tests := []struct {
 		name            string
 		p               gatewayv1.Provider
@@ -194,6 +215,18 @@ func TestOutsideEffectAnsweredFromTape(t *testing.T) {
 		{"codex mcp tool", resp, respBody("mcp__slack__post", "posted"), respBody("mcp__slack__post", "error"), 0, true},
 		{"codex shell still compared", resp, respBody("exec_command", "ok"), respBody("exec_command", "no"), gatewayv1.DivergenceKind_DIVERGENCE_KIND_TOOL, false},
 		{"chat mcp tool", chat, chatBody("mcp__gh__comment", "done"), chatBody("mcp__gh__comment", "refused"), 0, true},
+		// pi 1.6 (Chat Completions through the gateway): an MCP tool
+		// declared to the model is mcp__<server>__<tool>; with the default
+		// exposure it is called from a codemode script.
+		{"pi mcp tool (direct)", chat, chatBody("mcp__counter__count", "counted-1"), chatBody("mcp__counter__count", "Tool mcp__counter__count not found"), 0, true},
+		{"pi codemode script calling an MCP tool", chat,
+			piCodemode(`return await tools.mcp__counter__count({})`, `Script completed\ncounted-1`),
+			piCodemode(`return await tools.mcp__counter__count({})`, `Script failed\nScript error: fetch failed`), 0, true},
+		{"pi codemode script without MCP still compared", chat,
+			piCodemode(`return await tools.bash({command: 'date'})`, `Script completed\nMon`),
+			piCodemode(`return await tools.bash({command: 'date'})`, `Script completed\nTue`), gatewayv1.DivergenceKind_DIVERGENCE_KIND_TOOL, false},
+		{"codex mcp resource", resp, respBody("read_mcp_resource", "resource text"), respBody("read_mcp_resource", "server unreachable"), 0, true},
+		{"pi mcp resource", chat, chatBody("list_mcp_resources", "res://a"), chatBody("list_mcp_resources", "no servers"), 0, true},
 	}
 	for _, tc := range tests {
 		d := replay.Compare(tc.p, []byte(tc.taped), []byte(tc.incoming))
@@ -207,7 +240,7 @@ func TestOutsideEffectAnsweredFromTape(t *testing.T) {
 		if replaced && strings.Contains(string(out), "is_error") {
 			t.Errorf("%s: the request sent on %s keeps the replay's is_error", tc.name, out)
 		}
-		for _, orig := range []string{"JIRA-7 created", "page text", "posted", "done", "counted-1"} {
+		for _, orig := range []string{"JIRA-7 created", "page text", "posted", "done", "counted-1", "resource text", "res://a"} {
 			if replaced && strings.Contains(tc.taped, orig) && !strings.Contains(string(out), orig) {
 				t.Errorf("%s: the request sent on %s does not hold the tape's output %q", tc.name, out, orig)
 			}

@@ -8,13 +8,59 @@ import (
 )
 
 // OutsideEffect reports whether a tool call has effects outside the
-// sandbox, so that a replay answers it from the tape: MCP tools (Claude
-// Code's and Codex's "mcp__<server>__<tool>", pi's "<server>_<tool>" is not
-// told apart and is compared) and client-side web access (Claude Code's
+// sandbox, so that a replay answers it from the tape: MCP tools
+// ("mcp__<server>__<tool>": Claude Code, Codex, and pi 1.6, whose MCP
+// tools declared to the model, "direct" or loaded by tool_search, are
+// named so too), the MCP resource tools Codex and pi offer
+// (list_mcp_resources, list_mcp_resource_templates, read_mcp_resource:
+// they read the servers), and client-side web access (Claude Code's
 // WebFetch; WebSearch and Codex's web_search run at the provider, inside
-// the taped answer, and never reach the sandbox).
+// the taped answer, and never reach the sandbox). pi's codemode tool is
+// one when its script calls an MCP tool (OutsideCall).
 func OutsideEffect(tool string) bool {
-	return strings.HasPrefix(tool, "mcp__") || tool == "WebFetch" || tool == "WebSearch" || tool == "web_search" || tool == "web_fetch"
+	return strings.HasPrefix(tool, "mcp__") || mcpResourceTools[tool] ||
+		tool == "WebFetch" || tool == "WebSearch" || tool == "web_search" || tool == "web_fetch"
+}
+
+// mcpResourceTools read an MCP server's resources (Codex; pi's built-in
+// MCP offers Codex's names).
+var mcpResourceTools = map[string]bool{"list_mcp_resources": true, "list_mcp_resource_templates": true, "read_mcp_resource": true}
+
+// piCodemode is pi's codemode tool: the model sends a script that calls
+// other tools; MCP tools of servers with the default exposure
+// ("codemode") are reachable only from such scripts, as
+// tools.mcp__<server>__<tool>(...).
+const piCodemode = "codemode"
+
+// OutsideCall reports whether a call of tool with input (its arguments:
+// decoded JSON or the JSON text) has effects outside the sandbox: the
+// tool has (OutsideEffect), or it is a codemode script that names an MCP
+// tool. Such a script may do local work too; the tape's output stands
+// for the whole script, and what its local part left is still checked
+// as the replay's work tree.
+func OutsideCall(tool string, input any) bool {
+	return OutsideEffect(tool) || tool == piCodemode && namesMCPTool(input)
+}
+
+// namesMCPTool reports whether a string in v names an MCP tool.
+func namesMCPTool(v any) bool {
+	switch x := v.(type) {
+	case string:
+		return strings.Contains(x, "mcp__")
+	case map[string]any:
+		for _, e := range x {
+			if namesMCPTool(e) {
+				return true
+			}
+		}
+	case []any:
+		for _, e := range x {
+			if namesMCPTool(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // answerFromTape replaces, in the decoded incoming request, the output of
@@ -49,7 +95,7 @@ func outsideCalls(provider gatewayv1.Provider, req any) map[string]bool {
 		for _, msg := range asSlice(m["messages"]) {
 			for _, blk := range asSlice(asMap(msg)["content"]) {
 				b := asMap(blk)
-				if str(b, "type") == "tool_use" && OutsideEffect(str(b, "name")) {
+				if str(b, "type") == "tool_use" && OutsideCall(str(b, "name"), b["input"]) {
 					ids[str(b, "id")] = true
 				}
 			}
@@ -57,7 +103,7 @@ func outsideCalls(provider gatewayv1.Provider, req any) map[string]bool {
 	case gatewayv1.Provider_PROVIDER_OPENAI_RESPONSES:
 		for _, it := range asSlice(m["input"]) {
 			i := asMap(it)
-			if (str(i, "type") == "function_call" || str(i, "type") == "custom_tool_call") && OutsideEffect(str(i, "name")) {
+			if (str(i, "type") == "function_call" || str(i, "type") == "custom_tool_call") && OutsideCall(str(i, "name"), i["arguments"]) {
 				ids[str(i, "call_id")] = true
 			}
 		}
@@ -65,7 +111,7 @@ func outsideCalls(provider gatewayv1.Provider, req any) map[string]bool {
 		for _, msg := range asSlice(m["messages"]) {
 			for _, tc := range asSlice(asMap(msg)["tool_calls"]) {
 				c := asMap(tc)
-				if OutsideEffect(str(asMap(c["function"]), "name")) {
+				if f := asMap(c["function"]); OutsideCall(str(f, "name"), f["arguments"]) {
 					ids[str(c, "id")] = true
 				}
 			}

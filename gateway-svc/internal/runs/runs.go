@@ -498,7 +498,7 @@ func (s *Store) SetReplay(ctx context.Context, id string, rp *gatewayv1.Replay) 
 	if err != nil {
 		return nil, fmt.Errorf("runs: encode run: %w", err)
 	}
-	if err := s.rdb.HSet(ctx, s.runKey(id), "rec", rec, "replayed", 0, "div", "").Err(); err != nil {
+	if err := s.rdb.HSet(ctx, s.runKey(id), "rec", rec, "replayed", 0, "div", "", "tapeskip", 0).Err(); err != nil {
 		return nil, fmt.Errorf("runs: set replay of %s: %w", id, err)
 	}
 	return s.Get(ctx, id)
@@ -563,6 +563,36 @@ if v and v ~= '' then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1`)
 
+// SkipTape records that a replay passed over n taped steps the replay's
+// harness does not make (the side calls of a call with outside effects,
+// made by the tool itself): the run's later steps are the tape's n steps
+// further on, and they count as replayed.
+func (s *Store) SkipTape(ctx context.Context, id string, n int32) error {
+	pipe := s.rdb.TxPipeline()
+	pipe.HIncrBy(ctx, s.runKey(id), "tapeskip", int64(n))
+	pipe.HIncrBy(ctx, s.runKey(id), "replayed", int64(n))
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("runs: skip tape steps of %s: %w", id, err)
+	}
+	return nil
+}
+
+// ReplayState is a replaying run's first divergence (nil if none), the
+// number of steps answered from its tape, and how many taped steps it
+// passed over (SkipTape): its step seq is the tape's seq+skipped.
+func (s *Store) ReplayState(ctx context.Context, id string) (d *gatewayv1.Divergence, replayed, skipped int32, err error) {
+	vals, err := s.rdb.HMGet(ctx, s.runKey(id), "rec", "div", "replayed", "tapeskip").Result()
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("runs: replay state of %s: %w", id, err)
+	}
+	if v, ok := vals[3].(string); ok {
+		n, _ := strconv.ParseInt(v, 10, 32)
+		skipped = int32(n)
+	}
+	d, replayed, err = parseDivergence(id, vals[:3])
+	return d, replayed, skipped, err
+}
+
 // Divergence returns a run's first divergence (nil if none) and the number
 // of steps answered from its tape.
 func (s *Store) Divergence(ctx context.Context, id string) (*gatewayv1.Divergence, int32, error) {
@@ -570,6 +600,11 @@ func (s *Store) Divergence(ctx context.Context, id string) (*gatewayv1.Divergenc
 	if err != nil {
 		return nil, 0, fmt.Errorf("runs: divergence of %s: %w", id, err)
 	}
+	return parseDivergence(id, vals)
+}
+
+// parseDivergence reads the fields rec, div, replayed of a run's hash.
+func parseDivergence(id string, vals []any) (*gatewayv1.Divergence, int32, error) {
 	if vals[0] == nil {
 		return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}

@@ -74,7 +74,23 @@ type Tapes struct {
 
 	mu   sync.Mutex
 	runs map[string]*runState
+	// bodies keeps, for a few runs, the last request body Step rebuilt:
+	// a replay reads a tape's steps in order, and each step's body is a
+	// delta on the one before, so the next Step loads one object instead
+	// of the whole chain back to a body stored whole (seq objects at step
+	// seq). A rebuilt body never changes (SetTreeHash keeps the delta).
+	bodies map[string]cachedBody
 }
+
+// cachedBody is a rebuilt request body of a run's step.
+type cachedBody struct {
+	seq  int32
+	body []byte
+}
+
+// maxCachedBodies bounds Tapes.bodies (one body, about 100 kB for a
+// Claude Code run, per run being replayed).
+const maxCachedBodies = 64
 
 // runState is the last body appended to a run's tape in this process, the
 // base of the next step's delta. Appends of one run are serialised by mu.
@@ -88,7 +104,7 @@ type runState struct {
 // "tapes/"). storeNotFound is the store's not-found error (blob.ErrNotFound),
 // matched with errors.Is.
 func New(store Store, prefix string, storeNotFound error) *Tapes {
-	return &Tapes{store: store, prefix: prefix, notFound: storeNotFound, runs: map[string]*runState{}}
+	return &Tapes{store: store, prefix: prefix, notFound: storeNotFound, runs: map[string]*runState{}, bodies: map[string]cachedBody{}}
 }
 
 func (t *Tapes) key(run string, seq int32) string {
@@ -111,7 +127,32 @@ func (t *Tapes) state(run string) *runState {
 func (t *Tapes) Forget(run string) {
 	t.mu.Lock()
 	delete(t.runs, run)
+	delete(t.bodies, run)
 	t.mu.Unlock()
+}
+
+// cached returns the body of run's step seq if it is the one kept.
+func (t *Tapes) cached(run string, seq int32) ([]byte, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c, ok := t.bodies[run]
+	if !ok || c.seq != seq {
+		return nil, false
+	}
+	return c.body, true
+}
+
+// keep makes body (not modified after) the kept body of run.
+func (t *Tapes) keep(run string, seq int32, body []byte) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.bodies[run]; !ok && len(t.bodies) >= maxCachedBodies {
+		for k := range t.bodies {
+			delete(t.bodies, k)
+			break
+		}
+	}
+	t.bodies[run] = cachedBody{seq: seq, body: body}
 }
 
 // Append stores step (its Seq set) on run's tape. step is not modified.
@@ -280,6 +321,12 @@ func (r *resolver) body(seq int32) ([]byte, error) {
 		if _, ok := r.bodies[cur]; ok {
 			break
 		}
+		if cur != seq {
+			if b, ok := r.t.cached(r.run, cur); ok {
+				r.bodies[cur] = b
+				break
+			}
+		}
 		rec, err := r.record(cur)
 		if err != nil {
 			return nil, err
@@ -344,9 +391,17 @@ func (t *Tapes) Read(ctx context.Context, run string, n int32) ([]*gatewayv1.Ste
 	return out, nil
 }
 
-// Step returns one step rebuilt in full.
+// Step returns one step rebuilt in full. Its body is kept as the base of
+// the next step's (the one after it is a delta on it, when one process
+// recorded both).
 func (t *Tapes) Step(ctx context.Context, run string, seq int32) (*gatewayv1.Step, error) {
-	return t.resolver(ctx, run).step(seq)
+	s, err := t.resolver(ctx, run).step(seq)
+	if err != nil {
+		return nil, err
+	}
+	t.keep(run, seq, s.Request.Body)
+	s.Request.Body = bytes.Clone(s.Request.Body)
+	return s, nil
 }
 
 // SetTreeHash records the work tree hash reported for step seq.
