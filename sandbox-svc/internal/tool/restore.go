@@ -102,6 +102,13 @@ func restore(ctx context.Context, req *sandboxtool.RestoreRequest, _ io.Reader, 
 	if err != nil {
 		return err
 	}
+	// Whether the work tree has an empty directory (which the fast way
+	// can't take) is read beside the unbundling, which writes only in
+	// .git: the walk reads every directory of the work tree, at 20,000
+	// files 15-45 ms on a loaded 2-core machine, most of the fast way's
+	// own cost before this ran alongside.
+	emptyDir := make(chan bool, 1)
+	go func() { emptyDir <- hasEmptyDir(r.dir) }()
 	bundles, err := filepath.Glob(filepath.Join(st, "bundle-*"))
 	if err != nil {
 		return err
@@ -126,7 +133,7 @@ func restore(ctx context.Context, req *sandboxtool.RestoreRequest, _ io.Reader, 
 			updates = append(updates, [2]string{ref, sha})
 		}
 	}
-	fast, err := checkoutFast(ctx, r, loc, req, updates)
+	fast, err := checkoutFast(ctx, r, loc, req, updates, emptyDir)
 	if err != nil {
 		return err
 	}
@@ -189,8 +196,9 @@ func checkoutFull(ctx context.Context, r repo, req *sandboxtool.RestoreRequest, 
 // checkoutFast moves a sandbox whose index is its HEAD's tree to the
 // checkpoint's head, writing only the paths that differ, and sets the
 // branches and HEAD. It reports false, having changed nothing, when the
-// sandbox is not such a one (the full way is then taken).
-func checkoutFast(ctx context.Context, r repo, loc location, req *sandboxtool.RestoreRequest, updates [][2]string) (bool, error) {
+// sandbox is not such a one (the full way is then taken). emptyDir
+// delivers hasEmptyDir of the work tree.
+func checkoutFast(ctx context.Context, r repo, loc location, req *sandboxtool.RestoreRequest, updates [][2]string, emptyDir <-chan bool) (bool, error) {
 	if len(req.Head) != 40 && len(req.Head) != 64 {
 		return false, nil
 	}
@@ -205,7 +213,7 @@ func checkoutFast(ctx context.Context, r repo, loc location, req *sandboxtool.Re
 		// entries), or one this reader does not know.
 		return false, nil
 	}
-	if hasEmptyDir(r.dir) {
+	if <-emptyDir {
 		return false, nil // clean -d removes those
 	}
 	if trees[0][0] != trees[1][0] {
@@ -255,12 +263,12 @@ func updateRefs(ctx context.Context, r repo, updates [][2]string) error {
 }
 
 // hasEmptyDir reports whether the work tree (its .git aside) has an empty
-// directory, reading directories only (no file is stat'ed).
+// directory, reading directories only (no file is stat'ed, nothing sorted).
 func hasEmptyDir(root string) bool {
 	found := false
 	var walk func(dir string)
 	walk = func(dir string) {
-		ents, err := os.ReadDir(dir)
+		ents, err := readDirUnsorted(dir)
 		if err != nil {
 			found = true // unreadable: let the full way deal with it
 			return
@@ -280,6 +288,16 @@ func hasEmptyDir(root string) bool {
 	}
 	walk(root)
 	return found
+}
+
+// readDirUnsorted is os.ReadDir without the sort.
+func readDirUnsorted(dir string) ([]os.DirEntry, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.ReadDir(-1)
 }
 
 // restoreWork does what follows the checkout: the index and work tree
