@@ -554,17 +554,31 @@ func TestSessionBadInput(t *testing.T) {
 
 // BenchmarkSessionResume: time until a suspended session is ready for its
 // next turn (OpenSession: sandbox leased, newest checkpoint restored and
-// verified), on a 5,000-file repository, warm pool vs cold. No agent CLI
-// runs, so its start is not included.
+// verified), on a 5,000-file repository (~40 MB). No agent CLI runs, so its
+// start is not included. The cases:
+//   - cached: the session's own sandbox, kept by the sandbox cache since its
+//     suspend, checked against the checkpoint (a capture that stores
+//     nothing);
+//   - pooled: the cache off, a warm pool of one (restore and verify into a
+//     ready clone);
+//   - cold: the cache off and no pool (clone, restore, verify).
+//
+// The cache-off cases run on a second hangar in the same process
+// (HANGAR_SANDBOX_CACHE=0).
 func BenchmarkSessionResume(b *testing.B) {
-	s := sessionMoreStart(b, nil, false)
+	cachedStack := sessionMoreStart(b, nil, false)
+	script := sessionMoreScript()
+	uncachedStack := &sessionMoreStack{stack: startStack(b, stackOptions{script: &script, optionalCLIs: true,
+		vars: map[string]string{"HANGAR_SANDBOX_CACHE": "0"}})}
 	ctx := context.Background()
 	repo := gitRepo(b, sessionMoreFiles(5000, 8<<10)) // ~40 MB
 	b.ResetTimer()
 	for _, c := range []struct {
 		name string
+		s    *sessionMoreStack
 		pool int32
-	}{{"cold", 0}, {"warm", 1}} {
+	}{{"cached", cachedStack, 0}, {"pooled", uncachedStack, 1}, {"cold", uncachedStack, 0}} {
+		s := c.s
 		env := "bench-" + c.name
 		s.applyEnvironment(b, env, repo, c.pool, sandboxv1.Egress_EGRESS_FULL)
 		runs := 0
@@ -603,21 +617,33 @@ func BenchmarkSessionResume(b *testing.B) {
 				return p.GetPool().GetMisses()
 			}
 			missesBefore := misses()
+			// A cached sandbox is the session's own leased again: the
+			// same id every time.
+			firstID, otherIDs := opened.GetSession().GetSandboxId(), 0
 			b.StartTimer()
 			for b.Loop() {
-				if _, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: name}); err != nil {
+				o, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: name})
+				if err != nil {
 					b.Fatal(err)
 				}
 				b.StopTimer()
+				if o.GetSession().GetSandboxId() != firstID {
+					otherIDs++
+				}
 				suspend()
 				b.StartTimer()
 			}
 			b.StopTimer()
-			if c.pool > 0 {
+			switch {
+			case c.pool > 0:
 				// Every timed open was served from the warm pool.
 				if n := misses() - missesBefore; n != 0 {
 					b.Errorf("%d timed opens missed the warm pool", n)
 				}
+			case c.s == cachedStack && otherIDs != 0:
+				b.Errorf("%d timed opens did not reuse the cached sandbox", otherIDs)
+			case c.s != cachedStack && otherIDs == 0:
+				b.Errorf("the timed opens reused the sandbox with the cache off")
 			}
 			if out, _ := s.exec(b, func() string {
 				o, err := s.sessions.OpenSession(ctx, &sessionv1.OpenSessionRequest{Name: name})

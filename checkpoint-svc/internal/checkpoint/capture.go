@@ -353,6 +353,11 @@ func (e *Engine) capture(ctx context.Context, req *checkpointv1.CaptureCheckpoin
 		cp.SizeBytes += p.GetSizeBytes()
 	}
 	m := &manifest{cp: cp, Refs: pr.refs, TrackedTreeHash: tracked, IntentToAdd: intentToAdd(pr)}
+	if plan.untracked != nil {
+		if b, err := json.Marshal(plan.untracked); err == nil && len(b) <= maxRecordedUntracked {
+			m.IndexTree, m.UntrackedRequest = pr.itree, b
+		}
+	}
 	if against != nil {
 		if !sameContent(against, m) {
 			return nil, errCachedDiffers
@@ -512,6 +517,9 @@ type capturePlan struct {
 	prevID string
 	chain  []*checkpointv1.Part
 	steps  []step
+	// untracked is the untracked part's request when it comes from the
+	// probe's trees (nil: from git's own scan).
+	untracked *sandboxtool.UntrackedRequest
 }
 
 // planCapture decides, from the probe and the previous checkpoint (nil:
@@ -558,6 +566,7 @@ func planCapture(pr probe, prev *manifest, wd string, conversation []string, lim
 	untrackedLimit := minLimit(lim.untracked, lim.part)
 	if pr.itree != "-" {
 		worktree, untracked := treeParts(pr, wd, diff)
+		plan.untracked = &untracked
 		var index []toolCall
 		if len(pr.changes["HI"]) > 0 {
 			index = []toolCall{diff(false, []string{pr.head, pr.itree}, nil)}

@@ -182,6 +182,13 @@ type manifest struct {
 	// again with -N. Bytes (base64 in JSON): a path may hold any byte, and
 	// a JSON string only UTF-8.
 	IntentToAdd [][]byte `json:"intent_to_add,omitempty"`
+	// IndexTree is the index's tree at capture and UntrackedRequest the
+	// untracked part's request (JSON; left out past
+	// maxRecordedUntracked): with them a reuse check needs one round of
+	// commands (checkReuseByTrees). Both empty in checkpoints taken
+	// before they were recorded, or of an index with no tree.
+	IndexTree        string          `json:"index_tree,omitempty"`
+	UntrackedRequest json.RawMessage `json:"untracked_request,omitempty"`
 
 	cp *checkpointv1.Checkpoint
 }

@@ -83,3 +83,46 @@ func foreignizeIndex(t *testing.T, path string, id uint32) {
 		t.Fatal(err)
 	}
 }
+
+// The restore takes such an index's entries as the sandbox's own without
+// reading the files again, but a file changed since the index was written
+// (same size, its modification time put back: only its change time
+// differs) is still read, found and restored.
+func TestRestoreAdoptsForeignOwnerYetCatchesAChange(t *testing.T) {
+	w := newWorld(t)
+	work, _ := w.sandbox()
+	write(t, work, "src/a.go", "package a // changed\n", 0o644)
+	cp := w.capture("owner", work).Checkpoint
+
+	fresh, _ := w.sandbox()
+	old := time.Now().Add(-time.Hour)
+	for _, name := range strings.Fields(git(t, fresh, "ls-files")) {
+		if fi, err := os.Lstat(filepath.Join(fresh, name)); err == nil && fi.Mode().IsRegular() {
+			if err := os.Chtimes(filepath.Join(fresh, name), old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	git(t, fresh, "update-index", "-q", "--refresh")
+	foreignizeIndex(t, filepath.Join(fresh, ".git", "index"), 4242)
+	readme := filepath.Join(fresh, "README.md")
+	if err := os.WriteFile(readme, []byte("HELLO\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(readme, old, old); err != nil {
+		t.Fatal(err)
+	}
+	tree, err := w.restore(cp.GetId(), fresh, "")
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if tree != cp.GetTreeHash() {
+		t.Fatalf("restored tree %s, want %s", tree, cp.GetTreeHash())
+	}
+	if b, err := os.ReadFile(readme); err != nil || string(b) != "hello\n" {
+		t.Fatalf("README.md after the restore: %q %v, want the checkpoint's", b, err)
+	}
+	if dirty := git(t, fresh, "diff-files", "--name-only"); dirty != "src/a.go" {
+		t.Fatalf("after the restore git diff-files names %q, want only src/a.go", strings.ReplaceAll(dirty, "\n", " "))
+	}
+}

@@ -108,7 +108,12 @@ func (e *Engine) checkReuse(ctx context.Context, req *checkpointv1.RestoreCheckp
 		return differs("it cannot be captured", err)
 	}
 	defer e.lockSession(cp.GetSession())()
-	_, err := e.capture(ctx, cap, m)
+	var err error
+	if m.IndexTree != "" && len(m.UntrackedRequest) > 0 {
+		err = e.checkReuseByTrees(ctx, cap, m)
+	} else {
+		_, err = e.capture(ctx, cap, m)
+	}
 	switch {
 	case errors.Is(err, errCachedDiffers):
 		return differs("its files, index or refs changed", err)

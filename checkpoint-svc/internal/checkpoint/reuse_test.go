@@ -2,9 +2,12 @@ package checkpoint_test
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
 	"github.com/hangar-dev/hangar/checkpoint-svc/internal/checkpoint"
@@ -50,6 +53,35 @@ func TestRestoreReuseSandbox(t *testing.T) {
 		}},
 		{"commit made", func(t *testing.T, work, _ string) {
 			git(t, work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "sneaky")
+		}},
+		// The work tree's tree stays the same in these: only the
+		// untracked part's bytes, the probe's scan or the index show them.
+		{"untracked file made private", func(t *testing.T, work, _ string) {
+			if err := os.Chmod(filepath.Join(work, "notes.txt"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"untracked file's time changed", func(t *testing.T, work, _ string) {
+			old := time.Now().Add(-time.Hour)
+			if err := os.Chtimes(filepath.Join(work, "notes.txt"), old, old); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"empty directory added", func(t *testing.T, work, _ string) {
+			if err := os.Mkdir(filepath.Join(work, "empty"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"untracked file marked intent-to-add", func(t *testing.T, work, _ string) { git(t, work, "add", "-N", "notes.txt") }},
+		{"another content staged, the work tree put back", func(t *testing.T, work, _ string) {
+			p := filepath.Join(work, "src/b.go")
+			b, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			write(t, work, "src/b.go", "package b // staged\n", 0o644)
+			git(t, work, "add", "src/b.go")
+			write(t, work, "src/b.go", string(b), 0o644)
 		}},
 		{"conversation changed", func(t *testing.T, _, conv string) {
 			sameSizeSameTime(t, filepath.Join(conv, "c1.jsonl"), `{"turn":9}`+"\n")
@@ -100,6 +132,44 @@ func TestRestoreReuseSandbox(t *testing.T) {
 			diffSnap(t, before, snapshot(t, work2, nil))
 		})
 	}
+}
+
+// A reuse check of a checkpoint that recorded its index's tree is one round
+// of sandbox commands (the probe beside the untracked and conversation
+// tarballs), not the probe and then a capture's parts.
+func TestRestoreReuseSandboxIsOneRound(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	work, home := w.sandbox()
+	conv := filepath.Join(home, ".claude", "projects", "p")
+	write(t, conv, "c1.jsonl", `{"turn":1}`+"\n", 0o600)
+	write(t, work, "src/b.go", "package b\n\nfunc B() { println() }\n", 0o644)
+	write(t, work, "notes.txt", "notes\n", 0o644)
+	git(t, work, "add", "-N", "notes.txt")
+	cp := w.capture("s1", work, conv).Checkpoint
+	execs := &countingExec{Executor: w.exec}
+	w.opts.Exec = execs
+	w.reopen()
+	if _, tree, err := w.eng.Restore(context.Background(), &checkpointv1.RestoreCheckpointRequest{
+		CheckpointId: cp.GetId(), SandboxId: "sb", WorkDir: work, Branch: "hangar/session/s1", ReuseSandbox: true,
+	}); err != nil || tree != cp.GetTreeHash() {
+		t.Fatalf("reuse of an untouched sandbox: %q %v, want tree %s", tree, err, cp.GetTreeHash())
+	}
+	if n := execs.n.Load(); n != 3 {
+		t.Errorf("the check ran %d sandbox commands, want 3 (probe, untracked, conversation)", n)
+	}
+}
+
+// countingExec counts the commands run through it.
+type countingExec struct {
+	checkpoint.Executor
+	n atomic.Int64
+}
+
+func (c *countingExec) Exec(ctx context.Context, id string, token uint64, argv []string, env map[string]string, cwd string,
+	stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	c.n.Add(1)
+	return c.Executor.Exec(ctx, id, token, argv, env, cwd, stdin, stdout, stderr)
 }
 
 // A checkpoint that left a part out (over its limit) can't be compared:

@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -102,6 +105,16 @@ func restore(ctx context.Context, req *sandboxtool.RestoreRequest, _ io.Reader, 
 	if err != nil {
 		return err
 	}
+	// Before anything in the sandbox writes the index: its times are
+	// still those of the write that recorded its entries.
+	smudged := adoptForeignOwner(loc, len(req.Head)/2, r.dir)
+	// Whether the work tree has an empty directory (which the fast way
+	// can't take) is read beside the unbundling, which writes only in
+	// .git: the walk reads every directory of the work tree, at 20,000
+	// files 15-45 ms on a loaded 2-core machine, most of the fast way's
+	// own cost before this ran alongside.
+	emptyDir := make(chan bool, 1)
+	go func() { emptyDir <- hasEmptyDir(r.dir) }()
 	bundles, err := filepath.Glob(filepath.Join(st, "bundle-*"))
 	if err != nil {
 		return err
@@ -126,7 +139,7 @@ func restore(ctx context.Context, req *sandboxtool.RestoreRequest, _ io.Reader, 
 			updates = append(updates, [2]string{ref, sha})
 		}
 	}
-	fast, err := checkoutFast(ctx, r, loc, req, updates)
+	fast, err := checkoutFast(ctx, r, loc, req, updates, emptyDir)
 	if err != nil {
 		return err
 	}
@@ -135,7 +148,7 @@ func restore(ctx context.Context, req *sandboxtool.RestoreRequest, _ io.Reader, 
 			return err
 		}
 	}
-	tree, err := restoreWork(ctx, r, loc, req, began)
+	tree, err := restoreWork(ctx, r, loc, req, began, smudged)
 	if err != nil && (!fast || ctx.Err() != nil) {
 		return err
 	}
@@ -147,7 +160,7 @@ func restore(ctx context.Context, req *sandboxtool.RestoreRequest, _ io.Reader, 
 		if err := checkoutFull(ctx, r, req, updates); err != nil {
 			return err
 		}
-		if tree, err = restoreWork(ctx, r, loc, req, began); err != nil {
+		if tree, err = restoreWork(ctx, r, loc, req, began, smudged); err != nil {
 			return err
 		}
 	}
@@ -189,8 +202,9 @@ func checkoutFull(ctx context.Context, r repo, req *sandboxtool.RestoreRequest, 
 // checkoutFast moves a sandbox whose index is its HEAD's tree to the
 // checkpoint's head, writing only the paths that differ, and sets the
 // branches and HEAD. It reports false, having changed nothing, when the
-// sandbox is not such a one (the full way is then taken).
-func checkoutFast(ctx context.Context, r repo, loc location, req *sandboxtool.RestoreRequest, updates [][2]string) (bool, error) {
+// sandbox is not such a one (the full way is then taken). emptyDir
+// delivers hasEmptyDir of the work tree.
+func checkoutFast(ctx context.Context, r repo, loc location, req *sandboxtool.RestoreRequest, updates [][2]string, emptyDir <-chan bool) (bool, error) {
 	if len(req.Head) != 40 && len(req.Head) != 64 {
 		return false, nil
 	}
@@ -205,7 +219,7 @@ func checkoutFast(ctx context.Context, r repo, loc location, req *sandboxtool.Re
 		// entries), or one this reader does not know.
 		return false, nil
 	}
-	if hasEmptyDir(r.dir) {
+	if <-emptyDir {
 		return false, nil // clean -d removes those
 	}
 	if trees[0][0] != trees[1][0] {
@@ -255,12 +269,12 @@ func updateRefs(ctx context.Context, r repo, updates [][2]string) error {
 }
 
 // hasEmptyDir reports whether the work tree (its .git aside) has an empty
-// directory, reading directories only (no file is stat'ed).
+// directory, reading directories only (no file is stat'ed, nothing sorted).
 func hasEmptyDir(root string) bool {
 	found := false
 	var walk func(dir string)
 	walk = func(dir string) {
-		ents, err := os.ReadDir(dir)
+		ents, err := readDirUnsorted(dir)
 		if err != nil {
 			found = true // unreadable: let the full way deal with it
 			return
@@ -282,10 +296,20 @@ func hasEmptyDir(root string) bool {
 	return found
 }
 
+// readDirUnsorted is os.ReadDir without the sort.
+func readDirUnsorted(dir string) ([]os.DirEntry, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.ReadDir(-1)
+}
+
 // restoreWork does what follows the checkout: the index and work tree
 // diffs, settling the index, the untracked files and the intent-to-add
 // marks; it returns the work tree's hash.
-func restoreWork(ctx context.Context, r repo, loc location, req *sandboxtool.RestoreRequest, began time.Time) (string, error) {
+func restoreWork(ctx context.Context, r repo, loc location, req *sandboxtool.RestoreRequest, began time.Time, smudged map[string]bool) (string, error) {
 	st := req.Staging
 	// A diff may hold no patch, only lines like "* Unmerged path x".
 	var written []string // the work tree files the work tree diff wrote
@@ -304,7 +328,7 @@ func restoreWork(ctx context.Context, r repo, loc location, req *sandboxtool.Res
 			}
 		}
 	}
-	if err := settle(ctx, r, loc, len(req.Head)/2, began, written); err != nil {
+	if err := settle(ctx, r, loc, len(req.Head)/2, began, written, smudged); err != nil {
 		return "", err
 	}
 	if req.Untracked {
@@ -371,15 +395,17 @@ func hasPatch(p string) bool {
 // refreshed instead.
 //
 // An index whose entries name another owner than the work tree has here
-// is refreshed whole too (git reads every such file again, once): the
-// local driver clones on the host, outside the sandbox's user namespace,
-// so a fresh clone's entries carry the host's uid while the files here
-// belong to the sandbox's. Git takes every such entry for changed, and
-// each later command (each step's tree hash, each checkpoint's probe, the
-// agent's git status) read and hashed every tracked file again: at 5,000
-// files 300-800 ms a time instead of 20-40 ms. The restore's own tree
-// hash, which would read them all anyway, then finds them clean.
-func settle(ctx context.Context, r repo, loc location, hashLen int, began time.Time, written []string) error {
+// (the local driver clones on the host, outside the sandbox's user
+// namespace, so a fresh clone's entries carry the host's uid while the
+// files here belong to the sandbox's) had every entry taken for changed
+// by git: each later command (each step's tree hash, each checkpoint's
+// probe, the agent's git status) read and hashed every tracked file
+// again, at 5,000 files 300-800 ms a time instead of 20-40 ms. The
+// restore adopts such entries before it writes the index
+// (adoptForeignOwner); smudged are the entries that left for reading
+// again, refreshed here with the rest. One still foreign (the index could
+// not be rewritten) has the whole index refreshed (every file read once).
+func settle(ctx context.Context, r repo, loc location, hashLen int, began time.Time, written []string, smudged map[string]bool) error {
 	recent := began.Truncate(time.Second).Add(-time.Nanosecond)
 	past := began.Add(-2 * time.Second).Truncate(time.Second)
 	idx, err := readIndex(loc.index, hashLen)
@@ -399,7 +425,7 @@ func settle(ctx context.Context, r repo, loc location, hashLen int, began time.T
 		if isWritten {
 			tracked[e.name] = true
 		}
-		if !isWritten && e.mtime != 0 && e.mtime < began.Unix() {
+		if !isWritten && e.mtime != 0 && e.mtime < began.Unix() && !smudged[e.name] {
 			continue
 		}
 		if dateBack(filepath.Join(r.dir, e.name), recent, past) {
@@ -478,6 +504,156 @@ func foreignOwner(idx *gitIndex, dir string) bool {
 		}
 	}
 	return false
+}
+
+// adoptForeignOwner is adoptOwner of an index with entries of another
+// owner, before the restore writes it; the entries to read again (nil when
+// there was none, or the index could not be rewritten: settle then
+// refreshes it whole).
+func adoptForeignOwner(loc location, hashLen int, dir string) map[string]bool {
+	idx, err := readIndex(loc.index, hashLen)
+	if err != nil || !foreignOwner(idx, dir) {
+		return nil
+	}
+	smudged, ok, err := adoptOwner(loc.index, hashLen, dir)
+	if err != nil || !ok {
+		return nil
+	}
+	return smudged
+}
+
+// adoptOwner rewrites an index whose entries name another owner than the
+// work tree's here (the local driver's clone, recorded on the host, outside
+// the sandbox's user namespace) so that they name the owner the files have
+// here, without reading them: the files are the same files, seen through
+// the namespace's uid map, and every other part of each entry's stat data
+// (inode, size, modification and change times) still has to match for git
+// to trust it. A file changed since the index was written has a change
+// time no one can set back: in a later second than the one its entry
+// recorded, which git compares, or else in the second the index was
+// written. So the entries whose modification or change time is in or
+// after that second (git compares seconds only) have their size smudged
+// to 0, as git does for racily clean entries, and are read again; a
+// change made in that second with its modification time put back is
+// caught too (TestRestoreAdoptsForeignOwnerYetCatchesAChange). It must
+// run before anything writes the index in the sandbox: a write there
+// leaves the entries as they are (their owner makes git take them for
+// changed, so it does not smudge them) and dates the index anew. Before
+// this, such an index was refreshed whole, every tracked file read and hashed: the most of a
+// restore into a pooled or cold sandbox (at 5,000 files, ~40 MB,
+// 400-800 ms on the loaded 2-core machine). smudged are the entries the
+// caller refreshes (reads again); ok false: the index is not one this
+// reader can rewrite (the caller refreshes it whole).
+func adoptOwner(index string, hashLen int, dir string) (smudged map[string]bool, ok bool, err error) {
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return nil, false, err
+	}
+	sys, isUnix := st.Sys().(*syscall.Stat_t)
+	if !isUnix {
+		return nil, false, nil
+	}
+	f, err := os.Open(index)
+	if err != nil {
+		return nil, false, err
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		f.Close()
+		return nil, false, err
+	}
+	ist, err := f.Stat()
+	f.Close()
+	if err != nil {
+		return nil, false, err
+	}
+	if len(data) < 12+hashLen || string(data[:4]) != "DIRC" {
+		return nil, false, nil
+	}
+	version := binary.BigEndian.Uint32(data[4:8])
+	if version != 2 && version != 3 {
+		return nil, false, nil
+	}
+	var sum []byte
+	switch hashLen {
+	case sha1.Size:
+		s := sha1.Sum(data[:len(data)-hashLen])
+		sum = s[:]
+	case sha256.Size:
+		s := sha256.Sum256(data[:len(data)-hashLen])
+		sum = s[:]
+	default:
+		return nil, false, nil
+	}
+	if !bytes.Equal(sum, data[len(data)-hashLen:]) {
+		return nil, false, nil // not the index git wrote: let git judge it
+	}
+	smudged = map[string]bool{}
+	racy := uint32(ist.ModTime().Unix())
+	body := data[:len(data)-hashLen]
+	n := int(binary.BigEndian.Uint32(data[8:12]))
+	fixed := 40 + hashLen + 2
+	off := 12
+	for range n {
+		if off+fixed > len(body) {
+			return nil, false, nil
+		}
+		e := body[off:]
+		flags := binary.BigEndian.Uint16(e[40+hashLen:])
+		start := fixed
+		if flags&0x4000 != 0 {
+			if version < 3 {
+				return nil, false, nil
+			}
+			start += 2
+		}
+		if off+start > len(body) {
+			return nil, false, nil
+		}
+		end := bytes.IndexByte(body[off+start:], 0)
+		if end < 0 {
+			return nil, false, nil
+		}
+		// Entries without stat data (as apply --cached leaves them) are
+		// read again by git anyway.
+		if mtime := binary.BigEndian.Uint32(e[8:12]); mtime != 0 {
+			binary.BigEndian.PutUint32(e[28:32], sys.Uid)
+			binary.BigEndian.PutUint32(e[32:36], sys.Gid)
+			if mtime >= racy || binary.BigEndian.Uint32(e[0:4]) >= racy {
+				binary.BigEndian.PutUint32(e[36:40], 0)
+				smudged[string(body[off+start:off+start+end])] = true
+			}
+		}
+		off += (start + end + 8) &^ 7
+	}
+	switch hashLen {
+	case sha1.Size:
+		s := sha1.Sum(body)
+		copy(data[len(body):], s[:])
+	default:
+		s := sha256.Sum256(body)
+		copy(data[len(body):], s[:])
+	}
+	// As git writes an index: its lock file, renamed into place.
+	lock := index + ".lock"
+	lf, err := os.OpenFile(lock, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, false, err
+	}
+	if _, err := lf.Write(data); err != nil {
+		lf.Close()
+		os.Remove(lock)
+		return nil, false, err
+	}
+	if err := lf.Close(); err != nil {
+		os.Remove(lock)
+		return nil, false, err
+	}
+	if err := os.Rename(lock, index); err != nil {
+		os.Remove(lock)
+		return nil, false, err
+	}
+	return smudged, true, nil
 }
 
 // settleAll is settle for an index this reader does not know, or one
