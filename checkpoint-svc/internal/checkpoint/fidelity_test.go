@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	checkpointv1 "github.com/hangar-dev/hangar/api/hangar/checkpoint/v1"
@@ -241,12 +242,17 @@ func TestRestoreIntoAMessySandbox(t *testing.T) {
 	work, home := w.sandbox()
 	conv := messUp(t, work, home)
 	cp := w.capture("s1", work, conv...).Checkpoint
+	// Every case's restore puts the conversation files at the captured
+	// sandbox's absolute paths, the same files: one restore at a time.
+	var restoring sync.Mutex
 	for name, mess := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			work2, _ := w.sandbox()
 			mess(t, work2)
+			restoring.Lock()
 			tree, err := w.restore(cp.GetId(), work2, "")
+			restoring.Unlock()
 			if err != nil {
 				t.Fatalf("restore: %v", err)
 			}
