@@ -290,18 +290,8 @@ func (d *Driver) buildBase(ctx context.Context, spec driver.Spec, commit string)
 // outside left the service's uid (git would read every file again at each
 // command in every sandbox made from the layer).
 func (sb *Sandbox) refreshIndexInside(ctx context.Context) error {
-	st, err := os.Stat(filepath.Join(sb.workDir(), ".git", "index"))
-	if err != nil {
+	if err := awaitIndexSecond(ctx, sb.workDir()); err != nil {
 		return err
-	}
-	if wait := time.Until(st.ModTime().Truncate(time.Second).Add(time.Second)); wait > 0 {
-		t := time.NewTimer(wait)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
 	}
 	var out limitedBuffer
 	p, err := sb.start(ctx, driver.ExecRequest{Argv: []string{"git", "update-index", "-q", "--refresh"}, Stdout: &out, Stderr: &out}, false, false)

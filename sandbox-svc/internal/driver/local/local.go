@@ -426,6 +426,17 @@ const settleAfter = 200 * time.Millisecond
 // what it restores, not what the repository holds. The refresh is git's
 // own check: whatever wrote meanwhile (setup commands) is seen.
 func settleIndex(ctx context.Context, dir string) error {
+	if err := awaitIndexSecond(ctx, dir); err != nil {
+		return err
+	}
+	_, err := git(ctx, dir, "update-index", "-q", "--refresh")
+	return err
+}
+
+// awaitIndexSecond waits until the second the work tree dir's index was
+// written in has passed: an entry refreshed in that second would stay
+// racily clean.
+func awaitIndexSecond(ctx context.Context, dir string) error {
 	st, err := os.Stat(filepath.Join(dir, ".git", "index"))
 	if err != nil {
 		return err
@@ -439,8 +450,7 @@ func settleIndex(ctx context.Context, dir string) error {
 		case <-t.C:
 		}
 	}
-	_, err = git(ctx, dir, "update-index", "-q", "--refresh")
-	return err
+	return nil
 }
 
 func git(ctx context.Context, dir string, args ...string) (string, error) {

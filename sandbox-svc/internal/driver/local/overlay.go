@@ -105,10 +105,7 @@ func (d *Driver) mountLayer(dir, key string, l *layer, m marker) error {
 		_ = os.RemoveAll(up)
 		return err
 	}
-	// redirect_dir: a directory of the layer can be renamed (else rename(2)
-	// says EXDEV, which not every program handles).
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on", strings.Join(lowers, ":"), upper, wd)
-	if err := unix.Mount("overlay", dir, "overlay", 0, opts); err != nil {
+	if err := mountOverlay(dir, lowers, up); err != nil {
 		_ = os.RemoveAll(up)
 		return fmt.Errorf("mount overlay on %s: %w", dir, err)
 	}
@@ -135,9 +132,7 @@ func (d *Driver) remount(dir, key, newDir, newKey string, l *layer) error {
 		return fmt.Errorf("unmount %s: %w", dir, err)
 	}
 	mountAt := func(dir, up string) error {
-		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on",
-			strings.Join(l.lowerdirs(), ":"), filepath.Join(up, "upper"), filepath.Join(up, "wd"))
-		return unix.Mount("overlay", dir, "overlay", 0, opts)
+		return mountOverlay(dir, l.lowerdirs(), up)
 	}
 	if err := os.Rename(up, newUp); err != nil {
 		_ = os.Remove(newDir)
@@ -210,12 +205,20 @@ func (d *Driver) remountLost() error {
 			continue
 		}
 		// The work directory's leftovers are the overlay's to clear.
-		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on", strings.Join(lowers, ":"), filepath.Join(up, "upper"), filepath.Join(up, "wd"))
-		if err := unix.Mount("overlay", dir, "overlay", 0, opts); err != nil {
+		if err := mountOverlay(dir, lowers, up); err != nil {
 			errs = append(errs, fmt.Errorf("mount the lost overlay of %s: %w", dir, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// mountOverlay mounts on dir an overlay of lowers (top first) with the
+// upper and work directories in up (up/upper, up/wd). redirect_dir: a
+// directory of a layer can be renamed (else rename(2) says EXDEV, which
+// not every program handles), and a layer's redirects are followed.
+func mountOverlay(dir string, lowers []string, up string) error {
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on", strings.Join(lowers, ":"), filepath.Join(up, "upper"), filepath.Join(up, "wd"))
+	return unix.Mount("overlay", dir, "overlay", 0, opts)
 }
 
 // unmount unmounts p, detaching it when it is busy (a process killed a
@@ -388,9 +391,7 @@ func (d *Driver) restack(sb *Sandbox) (*layer, error) {
 		return nil, fmt.Errorf("unmount %s: %w", dir, err)
 	}
 	remountOld := func() error {
-		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on",
-			strings.Join(old.lowerdirs(), ":"), upper, filepath.Join(up, "wd"))
-		return unix.Mount("overlay", dir, "overlay", 0, opts)
+		return mountOverlay(dir, old.lowerdirs(), up)
 	}
 	// The upper directory becomes the layer (renamed to the name just
 	// made for it: os.Rename refuses an existing directory), without the
