@@ -321,10 +321,7 @@ func (d *Driver) takeFiles(sb *Sandbox) (*layer, error) {
 	sb.mu.Lock()
 	dir := sb.dir
 	sb.mu.Unlock()
-	if err := os.MkdirAll(filepath.Join(d.dir, layersDir), 0o755); err != nil {
-		return nil, err
-	}
-	ldir, err := os.MkdirTemp(filepath.Join(d.dir, layersDir), "base-")
+	ldir, err := d.newLayerDir("base-")
 	if err != nil {
 		return nil, err
 	}

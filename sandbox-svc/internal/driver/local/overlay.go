@@ -221,6 +221,15 @@ func mountOverlay(dir string, lowers []string, up string) error {
 	return unix.Mount("overlay", dir, "overlay", 0, opts)
 }
 
+// newLayerDir makes an empty directory for a layer, its name starting
+// with prefix.
+func (d *Driver) newLayerDir(prefix string) (string, error) {
+	if err := os.MkdirAll(filepath.Join(d.dir, layersDir), 0o755); err != nil {
+		return "", err
+	}
+	return os.MkdirTemp(filepath.Join(d.dir, layersDir), prefix)
+}
+
 // unmount unmounts p, detaching it when it is busy (a process killed a
 // moment ago may still hold it).
 func unmount(p string) error {
@@ -321,10 +330,7 @@ func (d *Driver) layerize(sb *Sandbox) (*layer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Join(d.dir, layersDir), 0o755); err != nil {
-		return nil, err
-	}
-	ldir, err := os.MkdirTemp(filepath.Join(d.dir, layersDir), "layer-")
+	ldir, err := d.newLayerDir("layer-")
 	if err != nil {
 		return nil, err
 	}
@@ -375,10 +381,7 @@ func (d *Driver) restack(sb *Sandbox) (*layer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Join(d.dir, layersDir), 0o755); err != nil {
-		return nil, err
-	}
-	ldir, err := os.MkdirTemp(filepath.Join(d.dir, layersDir), "layer-")
+	ldir, err := d.newLayerDir("layer-")
 	if err != nil {
 		return nil, err
 	}
