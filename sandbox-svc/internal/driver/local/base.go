@@ -193,6 +193,10 @@ func (d *Driver) baseFor(ctx context.Context, spec driver.Spec) (*layer, string,
 		c.mu.Lock()
 		delete(c.building, key)
 		if b.err == nil {
+			// The caller's reference, beside the cache's.
+			d.mu.Lock()
+			b.l.refs++
+			d.mu.Unlock()
 			d.keepBase(key, b.l, now)
 		}
 		c.mu.Unlock()
@@ -200,6 +204,7 @@ func (d *Driver) baseFor(ctx context.Context, spec driver.Spec) (*layer, string,
 		if b.err != nil {
 			return nil, "", b.err
 		}
+		return b.l, commit, nil
 	}
 }
 
@@ -219,6 +224,9 @@ func (d *Driver) keepBase(key baseKey, l *layer, now time.Time) {
 		var oldest baseKey
 		var found *baseLayer
 		for k, bl := range c.layers {
+			if k == key {
+				continue // the one just kept
+			}
 			if found == nil || bl.lastUsed.Before(found.lastUsed) {
 				oldest, found = k, bl
 			}
