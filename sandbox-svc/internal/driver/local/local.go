@@ -101,6 +101,12 @@ func New(opts Options) (*Driver, error) {
 			return nil, fmt.Errorf("local driver: %w", err)
 		}
 	}
+	if opts.BaseLayers > 0 && !canMountOverlay(dir) {
+		// Not root, or no overlayfs: creates clone, as they did before
+		// base layers (nothing is built that could not be mounted).
+		d.opts.BaseLayers = 0
+		opts.Logger.Info("sandbox base layers off: overlays cannot be mounted here (needs root and overlayfs); creates clone")
+	}
 	if err := d.remountLost(); err != nil {
 		opts.Logger.Warn("sandboxes mounted over layers not mounted again", "error", err)
 	}

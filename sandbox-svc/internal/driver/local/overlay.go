@@ -221,6 +221,29 @@ func mountOverlay(dir string, lowers []string, up string) error {
 	return unix.Mount("overlay", dir, "overlay", 0, opts)
 }
 
+// canMountOverlay says whether this process can mount an overlay in the
+// sandboxes directory dir: it mounts and unmounts an empty one.
+func canMountOverlay(dir string) bool {
+	probe, err := os.MkdirTemp(dir, ".overlay-probe-")
+	if err != nil {
+		return false
+	}
+	defer os.RemoveAll(probe)
+	for _, sub := range []string{"lower", "up/upper", "up/wd", "mnt"} {
+		if err := os.MkdirAll(filepath.Join(probe, sub), 0o755); err != nil {
+			return false
+		}
+	}
+	if !overlayOK(probe) {
+		return false
+	}
+	mnt := filepath.Join(probe, "mnt")
+	if err := mountOverlay(mnt, []string{filepath.Join(probe, "lower")}, filepath.Join(probe, "up")); err != nil {
+		return false
+	}
+	return unmount(mnt) == nil
+}
+
 // newLayerDir makes an empty directory for a layer, its name starting
 // with prefix.
 func (d *Driver) newLayerDir(prefix string) (string, error) {
