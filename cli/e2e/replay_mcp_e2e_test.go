@@ -109,27 +109,10 @@ func TestForkAtStepMCPAnsweredFromTape(t *testing.T) {
 	if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_FORKED || f.GetDivergence() != nil {
 		t.Errorf("fork at %d: %v (%s), divergence %v", after-1, f.GetStatus(), f.GetStatusReason(), f.GetDivergence())
 	}
-	for _, tr := range f.GetTrials() {
-		if tr.GetOutcome() != replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED {
-			t.Errorf("trial %s: %v", tr.GetId(), tr)
-			continue
-		}
-		// The live model was shown the tape's MCP output (its answer to
-		// "counted-" is the shell step), not the replay's failed call
-		// (the continuation's own task, trial.txt).
-		tape, err := rs.gateway.GetTape(context.Background(), &gatewayv1.GetTapeRequest{Run: tr.GetRun()})
-		if err != nil || len(tape.GetSteps()) == 0 {
-			t.Fatalf("trial %s's run %s: %v", tr.GetId(), tr.GetRun(), err)
-		}
-		first := tape.GetSteps()[0]
-		answer := ""
-		for _, ev := range first.GetResponse().GetEvents() {
-			answer += ev.GetData()
-		}
-		if first.GetReplayed() || !strings.Contains(answer, "steps.txt") {
-			t.Errorf("trial %s's first live answer is not the one to the MCP output (replayed %v): %s\nrequest: %s", tr.GetId(), first.GetReplayed(), answer, first.GetRequest().GetBody())
-		}
-	}
+	// The live model was shown the tape's MCP output (its answer to
+	// "counted-" is the shell step), not the replay's failed call (the
+	// continuation's own task, trial.txt).
+	trialsSawTapedOutput(t, rs, f, "MCP")
 	if got := calls.Load(); got != 1 {
 		t.Errorf("the MCP server was called %d times, want 1 (the recorded run's only): a replay ran the tool again", got)
 	}
@@ -148,4 +131,32 @@ func prefixTapeT(t *testing.T, rs *replayStack, f *replayv1.Fork) []*gatewayv1.S
 		t.Fatal(err)
 	}
 	return tape.GetSteps()
+}
+
+// trialsSawTapedOutput checks that each of fork f's trials completed and
+// that its first live answer is the one to the tape's output of the call
+// with outside effects (what, for messages): the scripted shell step that
+// follows that output ("steps.txt"), not the continuation's own task that
+// the replay's failed call would have led to; and that it was not
+// replayed.
+func trialsSawTapedOutput(t *testing.T, rs *replayStack, f *replayv1.Fork, what string) {
+	t.Helper()
+	for _, tr := range f.GetTrials() {
+		if tr.GetOutcome() != replayv1.TrialOutcome_TRIAL_OUTCOME_COMPLETED {
+			t.Errorf("trial %s: %v", tr.GetId(), tr)
+			continue
+		}
+		tape, err := rs.gateway.GetTape(context.Background(), &gatewayv1.GetTapeRequest{Run: tr.GetRun()})
+		if err != nil || len(tape.GetSteps()) == 0 {
+			t.Fatalf("trial %s's run %s: %v", tr.GetId(), tr.GetRun(), err)
+		}
+		first := tape.GetSteps()[0]
+		answer := ""
+		for _, ev := range first.GetResponse().GetEvents() {
+			answer += ev.GetData()
+		}
+		if first.GetReplayed() || !strings.Contains(answer, "steps.txt") {
+			t.Errorf("trial %s's first live answer is not the one to the %s output (replayed %v): %s\nrequest: %.2000s", tr.GetId(), what, first.GetReplayed(), answer, first.GetRequest().GetBody())
+		}
+	}
 }
