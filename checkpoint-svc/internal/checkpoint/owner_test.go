@@ -29,18 +29,7 @@ func TestRestoreSettlesForeignOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A sandbox made a while ago: its files older than the restore, so
-	// the restore has no reason of its own to read them again.
-	old := time.Now().Add(-time.Hour)
-	for _, name := range strings.Fields(git(t, fresh, "ls-files")) {
-		if fi, err := os.Lstat(filepath.Join(fresh, name)); err == nil && fi.Mode().IsRegular() {
-			if err := os.Chtimes(filepath.Join(fresh, name), old, old); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	git(t, fresh, "update-index", "-q", "--refresh")
-	foreignizeIndex(t, filepath.Join(fresh, ".git", "index"), 4242)
+	agedForeignIndex(t, fresh)
 	if dirty := git(t, fresh, "diff-files", "--name-only"); dirty == "" {
 		t.Fatalf("the rewritten index is not taken for changed (test setup; owner of %s: %v)", fresh, st.Sys())
 	}
@@ -95,16 +84,7 @@ func TestRestoreAdoptsForeignOwnerYetCatchesAChange(t *testing.T) {
 	cp := w.capture("owner", work).Checkpoint
 
 	fresh, _ := w.sandbox()
-	old := time.Now().Add(-time.Hour)
-	for _, name := range strings.Fields(git(t, fresh, "ls-files")) {
-		if fi, err := os.Lstat(filepath.Join(fresh, name)); err == nil && fi.Mode().IsRegular() {
-			if err := os.Chtimes(filepath.Join(fresh, name), old, old); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	git(t, fresh, "update-index", "-q", "--refresh")
-	foreignizeIndex(t, filepath.Join(fresh, ".git", "index"), 4242)
+	old := agedForeignIndex(t, fresh)
 	readme := filepath.Join(fresh, "README.md")
 	if err := os.WriteFile(readme, []byte("HELLO\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -125,4 +105,23 @@ func TestRestoreAdoptsForeignOwnerYetCatchesAChange(t *testing.T) {
 	if dirty := git(t, fresh, "diff-files", "--name-only"); dirty != "src/a.go" {
 		t.Fatalf("after the restore git diff-files names %q, want only src/a.go", strings.ReplaceAll(dirty, "\n", " "))
 	}
+}
+
+// agedForeignIndex makes fresh a sandbox made a while ago (its tracked
+// files an hour old, so a restore has no reason of its own to read them
+// again) whose index names another owner (uid 4242), as a clone made on
+// the host leaves it. It returns the files' time.
+func agedForeignIndex(t *testing.T, fresh string) time.Time {
+	t.Helper()
+	old := time.Now().Add(-time.Hour)
+	for _, name := range strings.Fields(git(t, fresh, "ls-files")) {
+		if fi, err := os.Lstat(filepath.Join(fresh, name)); err == nil && fi.Mode().IsRegular() {
+			if err := os.Chtimes(filepath.Join(fresh, name), old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	git(t, fresh, "update-index", "-q", "--refresh")
+	foreignizeIndex(t, filepath.Join(fresh, ".git", "index"), 4242)
+	return old
 }
