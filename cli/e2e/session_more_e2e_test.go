@@ -554,14 +554,16 @@ func TestSessionBadInput(t *testing.T) {
 
 // BenchmarkSessionResume: time until a suspended session is ready for its
 // next turn (OpenSession: sandbox leased, newest checkpoint restored and
-// verified), on a 5,000-file repository (~40 MB). No agent CLI runs, so its
+// verified), on a 5,000-file repository (~40 MB; HANGAR_BENCH_FILES=5000,20000
+// runs each size, the cases named files=N/case). No agent CLI runs, so its
 // start is not included. The cases:
 //   - cached: the session's own sandbox, kept by the sandbox cache since its
 //     suspend, checked against the checkpoint (a capture that stores
 //     nothing);
 //   - pooled: the cache off, a warm pool of one (restore and verify into a
 //     ready clone);
-//   - cold: the cache off and no pool (clone, restore, verify).
+//   - cold: the cache off and no pool (a new sandbox: a base layer's
+//     mount or a clone; restore, verify).
 //
 // The cache-off cases run on a second hangar in the same process
 // (HANGAR_SANDBOX_CACHE=0).
@@ -570,8 +572,21 @@ func BenchmarkSessionResume(b *testing.B) {
 	script := sessionMoreScript()
 	uncachedStack := &sessionMoreStack{stack: startStack(b, stackOptions{script: &script, optionalCLIs: true,
 		vars: map[string]string{"HANGAR_SANDBOX_CACHE": "0"}})}
+	sizes := benchFiles(b, 5000)
+	for _, files := range sizes {
+		prefix := ""
+		if len(sizes) > 1 || files != 5000 {
+			prefix = fmt.Sprintf("files=%d/", files)
+		}
+		benchSessionResume(b, cachedStack, uncachedStack, files, prefix)
+	}
+}
+
+// benchSessionResume runs BenchmarkSessionResume's cases on a repository of
+// files files.
+func benchSessionResume(b *testing.B, cachedStack, uncachedStack *sessionMoreStack, files int, prefix string) {
 	ctx := context.Background()
-	repo := gitRepo(b, sessionMoreFiles(5000, 8<<10)) // ~40 MB
+	repo := gitRepo(b, sessionMoreFiles(files, 8<<10)) // ~40 MB at 5,000
 	b.ResetTimer()
 	for _, c := range []struct {
 		name string
@@ -579,12 +594,12 @@ func BenchmarkSessionResume(b *testing.B) {
 		pool int32
 	}{{"cached", cachedStack, 0}, {"pooled", uncachedStack, 1}, {"cold", uncachedStack, 0}} {
 		s := c.s
-		env := "bench-" + c.name
+		env := fmt.Sprintf("bench-%s-%d", c.name, files)
 		s.applyEnvironment(b, env, repo, c.pool, sandboxv1.Egress_EGRESS_FULL)
 		runs := 0
-		b.Run(c.name, func(b *testing.B) {
+		b.Run(prefix+c.name, func(b *testing.B) {
 			runs++
-			name := fmt.Sprintf("resume-%s-%d", c.name, runs)
+			name := fmt.Sprintf("resume-%s-%d-%d", c.name, files, runs)
 			if _, err := s.sessions.CreateSession(ctx, &sessionv1.CreateSessionRequest{Name: name, Environment: env}); err != nil {
 				b.Fatal(err)
 			}

@@ -35,17 +35,7 @@ import (
 // hangar in the same process (HANGAR_SANDBOX_CACHE=0). Samples per case:
 // HANGAR_BENCH_SAMPLES (5). Run it with -benchtime=1x.
 func BenchmarkTurnLatency(b *testing.B) {
-	sizes := []int{1000, 5000, 20000}
-	if v := os.Getenv("HANGAR_BENCH_FILES"); v != "" {
-		sizes = nil
-		for _, f := range strings.Split(v, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil {
-				b.Fatalf("HANGAR_BENCH_FILES: %v", err)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := benchFiles(b, 1000, 5000, 20000)
 	samples := 5
 	if v := os.Getenv("HANGAR_BENCH_SAMPLES"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -193,4 +183,23 @@ func bareClaude(tb testing.TB, claude, dir, home, modelURL, message string) (too
 		tb.Errorf("bare claude gave no result:\n%s", out.String())
 	}
 	return took, cpu
+}
+
+// benchFiles is the repository sizes (files) a benchmark runs at: HANGAR_BENCH_FILES
+// (a comma-separated list) or else def.
+func benchFiles(b *testing.B, def ...int) []int {
+	b.Helper()
+	v := os.Getenv("HANGAR_BENCH_FILES")
+	if v == "" {
+		return def
+	}
+	var sizes []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			b.Fatalf("HANGAR_BENCH_FILES: %q is not a number of files", f)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes
 }
