@@ -136,3 +136,47 @@ func TestTaintedFork(t *testing.T) {
 		t.Errorf("trial record: %v %v", tr, err)
 	}
 }
+
+// antigravityGateway serves one run of session "src" whose harness has no
+// model gateway path (Antigravity): it has no tape.
+type antigravityGateway struct{ forks.Gateway }
+
+func (antigravityGateway) GetRun(_ context.Context, in *gatewayv1.GetRunRequest, _ ...grpc.CallOption) (*gatewayv1.GetRunResponse, error) {
+	if in.GetRun() != "src.run-1" {
+		return nil, status.Error(codes.NotFound, "no such run")
+	}
+	return &gatewayv1.GetRunResponse{Run: &gatewayv1.Run{Id: "src.run-1", Session: "src", Turn: 1, Harness: "antigravity"}}, nil
+}
+
+// TestUnreplayedFork: a run whose harness has no gateway path is forked
+// to `unreplayed` at once, saying why, with no trial and no tape read, and
+// the record says so too.
+func TestUnreplayedFork(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, err := store.Open(ctx, store.Options{SQLitePath: filepath.Join(t.TempDir(), "replay.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	m := forks.New(forks.Options{Store: st, Gateway: antigravityGateway{}, Sessions: srcSessions{}})
+	in, err := m.Validate(&replayv1.ForkRunRequest{Run: "src.run-1", AtSeq: 1, Continuations: proto.Int32(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := m.Start(ctx, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(where string, f *replayv1.Fork) {
+		if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_UNREPLAYED || !strings.Contains(f.GetStatusReason(), "antigravity") || len(f.GetTrials()) != 0 || f.GetDivergence() != nil {
+			t.Errorf("%s: %v (%q), %d trials, divergence %v", where, f.GetStatus(), f.GetStatusReason(), len(f.GetTrials()), f.GetDivergence())
+		}
+	}
+	check("answer", f)
+	got, err := st.GetFork(ctx, f.GetFork())
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("record", got)
+}
