@@ -101,20 +101,7 @@ func (srcSessions) GetSession(context.Context, *sessionv1.GetSessionRequest, ...
 func TestTaintedFork(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st, err := store.Open(ctx, store.Options{SQLitePath: filepath.Join(t.TempDir(), "replay.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	m := forks.New(forks.Options{Store: st, Gateway: taintedGateway{}, Sessions: srcSessions{}})
-	in, err := m.Validate(&replayv1.ForkRunRequest{Run: "src.run-1", AtSeq: 1, Continuations: proto.Int32(3)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := m.Start(ctx, in)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, f := startFork(t, taintedGateway{}, 3)
 	check := func(where string, f *replayv1.Fork) {
 		if !f.GetTainted() || len(f.GetTrials()) != 3 {
 			t.Errorf("%s: fork tainted %v, %d trials", where, f.GetTainted(), len(f.GetTrials()))
@@ -154,20 +141,7 @@ func (antigravityGateway) GetRun(_ context.Context, in *gatewayv1.GetRunRequest,
 func TestUnreplayedFork(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st, err := store.Open(ctx, store.Options{SQLitePath: filepath.Join(t.TempDir(), "replay.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	m := forks.New(forks.Options{Store: st, Gateway: antigravityGateway{}, Sessions: srcSessions{}})
-	in, err := m.Validate(&replayv1.ForkRunRequest{Run: "src.run-1", AtSeq: 1, Continuations: proto.Int32(2)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := m.Start(ctx, in)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, f := startFork(t, antigravityGateway{}, 2)
 	check := func(where string, f *replayv1.Fork) {
 		if f.GetStatus() != replayv1.ForkStatus_FORK_STATUS_UNREPLAYED || !strings.Contains(f.GetStatusReason(), "antigravity") || len(f.GetTrials()) != 0 || f.GetDivergence() != nil {
 			t.Errorf("%s: %v (%q), %d trials, divergence %v", where, f.GetStatus(), f.GetStatusReason(), len(f.GetTrials()), f.GetDivergence())
@@ -179,4 +153,26 @@ func TestUnreplayedFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("record", got)
+}
+
+// startFork forks run src.run-1 of gw at step 1 into continuations trials
+// on a store of its own, and returns the store and the answer.
+func startFork(t *testing.T, gw forks.Gateway, continuations int32) (*store.Store, *replayv1.Fork) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, store.Options{SQLitePath: filepath.Join(t.TempDir(), "replay.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	m := forks.New(forks.Options{Store: st, Gateway: gw, Sessions: srcSessions{}})
+	in, err := m.Validate(&replayv1.ForkRunRequest{Run: "src.run-1", AtSeq: 1, Continuations: proto.Int32(continuations)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := m.Start(ctx, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, f
 }
