@@ -24,16 +24,26 @@ package local
 // while the disk has less than baseMinFree free. Whatever fails on the way
 // (no overlays here, a ref that can't be resolved without a clone, a
 // build that fails) makes the create clone, as before.
+//
+// The cached layers outlive the process: each has a record in .bases
+// (its repository, commit and when it was made), Close leaves them, and
+// a driver starting on the directory adopts those still in their hour,
+// the most recent first up to its limit (adoptBases), so a restart of
+// hangar does not make the next cold create of each repository clone
+// again. The rest go with the sweep.
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -47,6 +57,22 @@ const BaseLayerMaxAge = time.Hour
 
 // baseMinFree: no base layer is made with less free disk than this.
 const baseMinFree = 2 << 30
+
+// basesDir is the directory under the sandboxes directory holding a record
+// of each cached base layer (<layer's name>.json); not a valid work key.
+const basesDir = ".bases"
+
+// baseRecord is what .bases keeps of a cached base layer.
+type baseRecord struct {
+	Repository string    `json:"repository"`
+	Commit     string    `json:"commit"`
+	Made       time.Time `json:"made"`
+}
+
+// baseRecordOf is the path of layer dir's record.
+func (d *Driver) baseRecordOf(dir string) string {
+	return filepath.Join(d.dir, basesDir, filepath.Base(dir)+".json")
+}
 
 // baseKey names what a base layer holds.
 type baseKey struct {
@@ -220,6 +246,10 @@ func (d *Driver) keepBase(key baseKey, l *layer, now time.Time) {
 		d.dropBase(old)
 	}
 	c.layers[key] = &baseLayer{l: l, made: now, lastUsed: now}
+	if err := d.writeBaseRecord(l.dir, baseRecord{Repository: key.repository, Commit: key.commit, Made: now}); err != nil {
+		// Kept for this process only: a restart sweeps it.
+		d.opts.Logger.Warn("sandbox base layer not recorded", "layer", l.dir, "error", err)
+	}
 	for len(c.layers) > d.opts.BaseLayers {
 		var oldest baseKey
 		var found *baseLayer
@@ -236,23 +266,118 @@ func (d *Driver) keepBase(key baseKey, l *layer, now time.Time) {
 	}
 }
 
-// dropBase releases the cache's reference to bl's layer: it goes once no
-// sandbox mounts it.
+// dropBase releases the cache's reference to bl's layer and its record: it
+// goes once no sandbox mounts it.
 func (d *Driver) dropBase(bl *baseLayer) {
+	if err := os.Remove(d.baseRecordOf(bl.l.dir)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		d.opts.Logger.Warn("sandbox base layer's record not removed", "layer", bl.l.dir, "error", err)
+	}
 	if err := d.releaseLayer(bl.l); err != nil {
 		d.opts.Logger.Warn("sandbox base layer not removed", "layer", bl.l.dir, "error", err)
 	}
 }
 
-// closeBases drops every cached base layer (Close).
+// closeBases forgets the cached base layers (Close): their files and
+// records stay for the next driver on the directory to adopt.
 func (d *Driver) closeBases() {
 	c := &d.bases
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for k, bl := range c.layers {
-		delete(c.layers, k)
-		d.dropBase(bl)
+	clear(c.layers)
+}
+
+// writeBaseRecord writes the record of the base layer in dir (a new file
+// renamed into place: a crash leaves the old record or the new one).
+func (d *Driver) writeBaseRecord(dir string, r baseRecord) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
 	}
+	p := d.baseRecordOf(dir)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return errors.Join(err, os.Remove(tmp))
+	}
+	return nil
+}
+
+// adoptBases takes into the cache, at start, the base layers an earlier
+// driver on this directory kept (their records in .bases): those whose
+// files are there and that are still in their BaseLayerMaxAge, the most
+// recently made first, up to Options.BaseLayers. What it does not adopt
+// the sweep that follows removes (a layer is not in d.layers; a record
+// whose layer is not, see sweepLayers).
+func (d *Driver) adoptBases() {
+	if d.opts.BaseLayers <= 0 {
+		return
+	}
+	ents, _ := os.ReadDir(filepath.Join(d.dir, basesDir))
+	type found struct {
+		key baseKey
+		dir string
+		rec baseRecord
+	}
+	var all []found
+	now := d.opts.Now()
+	for _, ent := range ents {
+		name, ok := strings.CutSuffix(ent.Name(), ".json")
+		if !ok || !strings.HasPrefix(name, "base-") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(d.dir, basesDir, ent.Name()))
+		var r baseRecord
+		if err != nil || json.Unmarshal(b, &r) != nil || r.Repository == "" || !fullCommit.MatchString(r.Commit) {
+			continue
+		}
+		if age := now.Sub(r.Made); age < 0 || age >= BaseLayerMaxAge {
+			continue
+		}
+		dir := filepath.Join(d.dir, layersDir, name)
+		if !isLayer(dir) {
+			continue
+		}
+		all = append(all, found{key: baseKey{repository: r.Repository, commit: r.Commit}, dir: dir, rec: r})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].rec.Made.After(all[j].rec.Made) })
+	c := &d.bases
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.layers == nil {
+		c.layers = map[baseKey]*baseLayer{}
+	}
+	for _, f := range all {
+		if len(c.layers) >= d.opts.BaseLayers {
+			break
+		}
+		if c.layers[f.key] != nil {
+			continue // an older layer of the same base: swept
+		}
+		d.mu.Lock()
+		l := d.layers[f.dir]
+		if l == nil {
+			l = &layer{dir: f.dir}
+			d.layers[f.dir] = l
+		}
+		l.refs++ // the cache's
+		d.mu.Unlock()
+		c.layers[f.key] = &baseLayer{l: l, made: f.rec.Made, lastUsed: f.rec.Made}
+	}
+}
+
+// isLayer says whether dir holds a layer's files (work/ and home/).
+func isLayer(dir string) bool {
+	for _, sub := range layerSubtrees {
+		if st, err := os.Stat(filepath.Join(dir, sub)); err != nil || !st.IsDir() {
+			return false
+		}
+	}
+	return true
 }
 
 // buildBase makes a base layer of spec's repository at commit: a sandbox

@@ -5,9 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -152,15 +154,109 @@ func TestCreateFromBaseLayer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := baseLayers(t, d); len(got) != 1 {
-		t.Errorf("layers once every sandbox is gone: %v, want the cached one", got)
+	cached := baseLayers(t, d)
+	if len(cached) != 1 {
+		t.Errorf("layers once every sandbox is gone: %v, want the cached one", cached)
 	}
 	d.Close()
-	if left, _ := filepath.Glob(filepath.Join(d.Dir(), ".layers", "*")); len(left) > 0 {
-		t.Errorf("layers left after Close: %v", left)
+	// The cached layer stays for the next driver (TestBaseLayerKeptAcrossRestart);
+	// nothing else does.
+	if left, _ := filepath.Glob(filepath.Join(d.Dir(), ".layers", "*")); !slices.Equal(left, cached) {
+		t.Errorf("layers left after Close: %v, want the cached %v", left, cached)
 	}
 	if left, _ := filepath.Glob(filepath.Join(d.Dir(), ".upper", "*")); len(left) > 0 {
 		t.Errorf("upper directories left: %v", left)
+	}
+}
+
+// TestBaseLayerKeptAcrossRestart: a cached base layer outlives the driver
+// (a restart of hangar): the next driver on the directory adopts it and
+// its next create mounts it (no clone, no new layer); one starting past
+// the layer's hour, or with base layers off, removes it and its record.
+func TestBaseLayerKeptAcrossRestart(t *testing.T) {
+	needOverlay(t)
+	repo, first := drivertest.NewRepo(t, map[string]string{"a.txt": "a\n"})
+	root := t.TempDir()
+	made := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	ctx := context.Background()
+	start := func(at time.Time, layers int) *local.Driver {
+		t.Helper()
+		d, err := local.New(local.Options{Root: root, BaseLayers: layers, Now: func() time.Time { return at }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	records := func(d *local.Driver) []string {
+		got, _ := filepath.Glob(filepath.Join(d.Dir(), ".bases", "*"))
+		return got
+	}
+
+	d := start(made, 1)
+	sb, err := d.Create(ctx, driver.Spec{ID: "s1", WorkKey: "k1", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := baseLayers(t, d)
+	if len(layer) != 1 || len(records(d)) != 1 {
+		t.Fatalf("after a create: layers %v, records %v", layer, records(d))
+	}
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+
+	for _, later := range []time.Duration{30 * time.Minute, 59 * time.Minute} {
+		d = start(made.Add(later), 1)
+		sb, err = d.Create(ctx, driver.Spec{ID: "s2", WorkKey: "k2", Repository: repo})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := baseLayers(t, d); !slices.Equal(got, layer) {
+			t.Errorf("%v later: layers %v, want the one kept %v", later, got, layer)
+		}
+		// Mounted over it: an untouched file is the layer's own.
+		inLayer, err := os.Stat(filepath.Join(layer[0], "work", "a.txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		inSandbox, err := os.Stat(filepath.Join(sb.Info().WorkDir, "a.txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ino(inLayer) != ino(inSandbox) {
+			t.Errorf("%v later: the sandbox's a.txt is not the kept layer's", later)
+		}
+		if got := sh(t, sb, `git rev-parse HEAD && git status --porcelain && cat a.txt`); got != first+"\na\n" {
+			t.Errorf("%v later: %q", later, got)
+		}
+		if err := sb.Destroy(ctx); err != nil {
+			t.Fatal(err)
+		}
+		d.Close()
+	}
+
+	// Base layers off: nothing is adopted, all of it is swept.
+	d = start(made.Add(time.Minute), 0)
+	if got, recs := baseLayers(t, d), records(d); len(got) != 0 || len(recs) != 0 {
+		t.Errorf("with base layers off: layers %v, records %v, want none", got, recs)
+	}
+	d.Close()
+
+	// Past its hour: swept at start.
+	d = start(made, 1)
+	sb, err = d.Create(ctx, driver.Spec{ID: "s3", WorkKey: "k3", Repository: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	d = start(made.Add(time.Hour), 1)
+	defer d.Close()
+	if got, recs := baseLayers(t, d), records(d); len(got) != 0 || len(recs) != 0 {
+		t.Errorf("an hour after it was made: layers %v, records %v, want none", got, recs)
 	}
 }
 
@@ -297,7 +393,62 @@ func TestBaseLayerSandboxAfterReboot(t *testing.T) {
 	if len(want) > 0 {
 		t.Errorf("not listed as leftovers with their ids: %v (listed %v)", want, list)
 	}
-	if left, _ := filepath.Glob(filepath.Join(d.Dir(), ".layers", "*")); len(left) > 0 {
-		t.Errorf("layers left once the revived sandboxes are gone: %v", left)
+	// The base layer the crashed driver kept is adopted (it is in its
+	// hour); the layers of the copy go with the sandboxes.
+	if left, _ := filepath.Glob(filepath.Join(d.Dir(), ".layers", "*")); len(left) != 1 || !strings.HasPrefix(filepath.Base(left[0]), "base-") {
+		t.Errorf("layers left once the revived sandboxes are gone: %v, want the base layer", left)
+	}
+}
+
+// TestAdoptedBaseLayerOutlivesItsEviction: after a restart (mounts kept),
+// a sandbox revived over a base layer the new driver adopted keeps its
+// files when the cache evicts that layer (the revived sandbox holds no
+// reference to it); the layer goes with the sandbox's destroy.
+func TestAdoptedBaseLayerOutlivesItsEviction(t *testing.T) {
+	needOverlay(t)
+	repo, _ := drivertest.NewRepo(t, map[string]string{"a.txt": "a\n"})
+	other, _ := drivertest.NewRepo(t, map[string]string{"b.txt": "b\n"})
+	root := t.TempDir()
+	ctx := context.Background()
+	first, err := local.New(local.Options{Root: root, BaseLayers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Create(ctx, driver.Spec{ID: "sb-old", WorkKey: "s-1", Repository: repo}); err != nil {
+		t.Fatal(err)
+	}
+	layer := baseLayers(t, first)
+	first.Close() // the process ends; its sandbox's mount stays
+
+	d, err := local.New(local.Options{Root: root, BaseLayers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	list, err := d.Leftovers(ctx)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("leftovers: %v %v", list, err)
+	}
+	revived, err := d.Revive(ctx, list[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another repository's create evicts the adopted layer (one kept).
+	sb, err := d.Create(ctx, driver.Spec{ID: "sb-new", WorkKey: "s-2", Repository: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	if got := sh(t, revived, `cat a.txt`); got != "a\n" {
+		t.Errorf("the revived sandbox after its layer's eviction: %q", got)
+	}
+	if _, err := os.Stat(layer[0]); err != nil {
+		t.Errorf("the evicted layer a revived sandbox mounts: %v", err)
+	}
+	if err := revived.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(layer[0]); !os.IsNotExist(err) {
+		t.Errorf("the evicted layer once nothing mounts it: %v, want removed", err)
 	}
 }

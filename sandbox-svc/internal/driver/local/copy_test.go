@@ -141,7 +141,7 @@ mkdir -p "$HOME/.conv" && echo talk > "$HOME/.conv/c.jsonl"`)
 	left, _ := filepath.Glob(filepath.Join(d.Dir(), "*", "*"))
 	// The base layer stays cached for the next create.
 	left = slices.DeleteFunc(left, func(p string) bool {
-		return mode == "base" && strings.HasPrefix(p, filepath.Join(d.Dir(), ".layers", "base-"))
+		return mode == "base" && (strings.HasPrefix(p, filepath.Join(d.Dir(), ".layers", "base-")) || strings.HasPrefix(p, filepath.Join(d.Dir(), ".bases", "base-")))
 	})
 	if len(left) > 0 {
 		t.Errorf("left behind: %v", left)

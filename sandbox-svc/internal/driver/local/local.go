@@ -110,6 +110,7 @@ func New(opts Options) (*Driver, error) {
 	if err := d.remountLost(); err != nil {
 		opts.Logger.Warn("sandboxes mounted over layers not mounted again", "error", err)
 	}
+	d.adoptBases()
 	if err := d.sweepLayers(); err != nil {
 		opts.Logger.Warn("unused sandbox layers not removed", "error", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -465,8 +466,10 @@ func (d *Driver) upperEmpty(key string) bool {
 	return len(names) == 1 && names[0] == markerName
 }
 
-// releaseLayer drops a reference to l; the last one removes it and drops
-// its reference to the layer under it.
+// releaseLayer drops a reference to l; the last one removes it (unless a
+// mount still uses it: a revived leftover's over a base layer this driver
+// adopted, which holds no reference; the sweep after that leftover's
+// destroy removes it) and drops its reference to the layer under it.
 func (d *Driver) releaseLayer(l *layer) error {
 	var errs []error
 	for l != nil {
@@ -480,35 +483,55 @@ func (d *Driver) releaseLayer(l *layer) error {
 		if !last {
 			break
 		}
-		errs = append(errs, removeAll(l.dir))
+		if all, err := mounts(); err != nil || !overlayUses(all, "lowerdir", l.dir) {
+			errs = append(errs, removeAll(l.dir))
+		}
 		l = l.lower
 	}
 	return errors.Join(errs...)
 }
 
+// overlayUses says whether an overlay mount of all has dir in its option
+// opt (lowerdir, upperdir).
+func overlayUses(all []mount, opt, dir string) bool {
+	for _, m := range all {
+		if m.fstype != "overlay" {
+			continue
+		}
+		for _, o := range strings.Split(m.options, ",") {
+			name, val, _ := strings.Cut(o, "=")
+			if name == opt && slices.Contains(strings.Split(val, ":"), dir) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // sweepLayers removes the layers that no live sandbox of this driver and no
-// mount (a leftover's) uses, and the upper directories of sandboxes that
-// are neither live nor mounted.
+// mount (a leftover's) uses, the records of base layers the cache does not
+// hold (see adoptBases), and the upper directories of sandboxes that are
+// neither live nor mounted.
 func (d *Driver) sweepLayers() error {
 	all, err := mounts()
 	if err != nil {
 		return err
 	}
-	used := func(opt, dir string) bool {
-		for _, m := range all {
-			if m.fstype != "overlay" {
-				continue
-			}
-			for _, o := range strings.Split(m.options, ",") {
-				name, val, _ := strings.Cut(o, "=")
-				if name == opt && slices.Contains(strings.Split(val, ":"), dir) {
-					return true
-				}
+	used := func(opt, dir string) bool { return overlayUses(all, opt, dir) }
+	var errs []error
+	records, _ := os.ReadDir(filepath.Join(d.dir, basesDir))
+	for _, ent := range records {
+		name, _ := strings.CutSuffix(ent.Name(), ".json")
+		dir := filepath.Join(d.dir, layersDir, name)
+		d.mu.Lock()
+		_, live := d.layers[dir]
+		d.mu.Unlock()
+		if !live || !strings.HasSuffix(ent.Name(), ".json") {
+			if err := os.Remove(filepath.Join(d.dir, basesDir, ent.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
 			}
 		}
-		return false
 	}
-	var errs []error
 	layers, _ := os.ReadDir(filepath.Join(d.dir, layersDir))
 	for _, ent := range layers {
 		dir := filepath.Join(d.dir, layersDir, ent.Name())
