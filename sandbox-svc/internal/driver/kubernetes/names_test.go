@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/hangar-dev/hangar/api/sandboxtool"
+	corev1 "k8s.io/api/core/v1"
 )
 
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
@@ -67,5 +68,19 @@ func TestGatewayHostPort(t *testing.T) {
 		if _, _, ok := gatewayHostPort(bad); ok {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// TestAdvisoryWarningIsNotTheFailure: a node without cluster DNS records
+// MissingClusterDNS for every pod before its pull fails; the wait for the
+// failure's own event must not stop at it.
+func TestAdvisoryWarningIsNotTheFailure(t *testing.T) {
+	warn := func(reason string) corev1.Event { return corev1.Event{Type: corev1.EventTypeWarning, Reason: reason} }
+	normal := corev1.Event{Type: corev1.EventTypeNormal, Reason: "Pulling"}
+	if hasWarning([]corev1.Event{normal, warn("MissingClusterDNS")}) {
+		t.Error("MissingClusterDNS alone counted as the failure's warning")
+	}
+	if !hasWarning([]corev1.Event{warn("MissingClusterDNS"), normal, warn("Failed")}) {
+		t.Error("the pull's Failed event after MissingClusterDNS was not seen")
 	}
 }

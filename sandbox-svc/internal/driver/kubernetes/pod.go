@@ -428,12 +428,18 @@ func lastEvent(items []corev1.Event, pod *corev1.Pod) string {
 
 func hasWarning(evs []corev1.Event) bool {
 	for _, e := range evs {
-		if e.Type == corev1.EventTypeWarning {
+		if e.Type == corev1.EventTypeWarning && !advisoryWarnings[e.Reason] {
 			return true
 		}
 	}
 	return false
 }
+
+// advisoryWarnings are Warning events a kubelet records for a pod that
+// starts anyway (a node without cluster DNS falls back to the host's):
+// they are reported with a failure but are not why it failed, so the
+// wait for the failure's own event goes on past them.
+var advisoryWarnings = map[string]bool{"MissingClusterDNS": true, "DNSConfigForming": true}
 
 func eventTime(e corev1.Event) time.Time {
 	switch {
