@@ -8,6 +8,7 @@ import (
 
 	"github.com/hangar-dev/hangar/api/sandboxtool"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
@@ -82,5 +83,18 @@ func TestAdvisoryWarningIsNotTheFailure(t *testing.T) {
 	}
 	if !hasWarning([]corev1.Event{warn("MissingClusterDNS"), normal, warn("Failed")}) {
 		t.Error("the pull's Failed event after MissingClusterDNS was not seen")
+	}
+}
+
+// TestLastEventSkipsAdvisoryWarnings: MissingClusterDNS, recorded again at
+// each sync, is not what a pod that never got ready was doing.
+func TestLastEventSkipsAdvisoryWarnings(t *testing.T) {
+	at := func(sec int64) metav1.Time { return metav1.Unix(sec, 0) }
+	items := []corev1.Event{
+		{Type: corev1.EventTypeNormal, Reason: "Pulling", Message: "Pulling image", LastTimestamp: at(2)},
+		{Type: corev1.EventTypeWarning, Reason: "MissingClusterDNS", Message: "no cluster DNS", LastTimestamp: at(3)},
+	}
+	if got := lastEvent(items, &corev1.Pod{}); got != "Pulling: Pulling image" {
+		t.Errorf("lastEvent = %q, want the pull", got)
 	}
 }

@@ -415,11 +415,17 @@ func (d *Driver) startFailure(pod *corev1.Pod, status string) error {
 	return fmt.Errorf("%w: pod %s/%s (image %s): %s", ErrPodFailed, d.opts.Namespace, pod.Name, podImage(pod), reason)
 }
 
-// lastEvent is the newest of the pod's events (sorted oldest first), as
-// "reason: message", or "".
+// lastEvent is the newest of the pod's events (sorted oldest first) but
+// the advisory ones, as "reason: message", or "".
 func lastEvent(items []corev1.Event, pod *corev1.Pod) string {
 	for i := len(items) - 1; i >= 0; i-- {
-		if e := items[i]; pod.UID == "" || e.InvolvedObject.UID == "" || e.InvolvedObject.UID == pod.UID {
+		e := items[i]
+		if advisoryWarnings[e.Reason] {
+			// Recorded again at each sync of the pod, it is often the
+			// newest, and says nothing of what the pod was doing.
+			continue
+		}
+		if pod.UID == "" || e.InvolvedObject.UID == "" || e.InvolvedObject.UID == pod.UID {
 			return e.Reason + ": " + e.Message
 		}
 	}
