@@ -182,7 +182,11 @@ func BenchmarkForkAtStep(b *testing.B) {
 				}
 				// Untimed: the trials run to their end before the next k.
 				b.StopTimer()
+				deadline := time.Now().Add(5 * time.Minute)
 				for !allEnded(f) {
+					if time.Now().After(deadline) {
+						b.Fatalf("k=%d: trials still running after 5m: %v", k, f.GetTrials())
+					}
 					time.Sleep(200 * time.Millisecond)
 					got, err := rs.replay.GetFork(ctx, &replayv1.GetForkRequest{Fork: f.GetFork()})
 					if err != nil {
