@@ -440,15 +440,21 @@ func settleIndex(ctx context.Context, dir string) error {
 	return err
 }
 
+// coarseClockSlack is how far the kernel's coarse clock, which stamps
+// files' times, may trail time.Now (one tick: 10 ms at HZ=100), with a
+// margin: an index written just after time.Now entered the next second can
+// still be stamped with the old one.
+const coarseClockSlack = 25 * time.Millisecond
+
 // awaitIndexSecond waits until the second the work tree dir's index was
-// written in has passed: an entry refreshed in that second would stay
-// racily clean.
+// written in has passed, on the clock that stamps files too: an entry
+// refreshed in that second would stay racily clean.
 func awaitIndexSecond(ctx context.Context, dir string) error {
 	st, err := os.Stat(filepath.Join(dir, ".git", "index"))
 	if err != nil {
 		return err
 	}
-	if wait := time.Until(st.ModTime().Truncate(time.Second).Add(time.Second)); wait > 0 {
+	if wait := time.Until(st.ModTime().Truncate(time.Second).Add(time.Second + coarseClockSlack)); wait > 0 {
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		select {
